@@ -1,0 +1,55 @@
+"""Every error triflux raises: each names what happened and what to do.
+
+All derive from :class:`TrifluxError`, and also from the built-in exception a
+Python user would expect (``TypeError`` for a wrong dtype, ``ValueError`` for a
+wrong shape, ...), so ``except ValueError`` keeps working.
+"""
+
+
+class TrifluxError(Exception):
+    """Base class of all triflux errors."""
+
+
+class DeviceMismatchError(TrifluxError, RuntimeError):
+    """Tensors on different devices met in one operation or layer."""
+
+
+class NoGPUError(TrifluxError, RuntimeError):
+    """A GPU was asked for, but no GPU backend is functional here."""
+
+
+class BackendNotSupportedError(TrifluxError, RuntimeError):
+    """A backend triflux knows of but cannot run kernels on (Metal)."""
+
+
+class DTypeError(TrifluxError, TypeError):
+    """An unsupported or mismatched element type."""
+
+
+class ShapeError(TrifluxError, ValueError):
+    """Shapes that do not fit the operation."""
+
+
+class OutOfMemoryError(TrifluxError, MemoryError):
+    """The device ran out of memory."""
+
+
+class NonFiniteError(TrifluxError, FloatingPointError):
+    """A loss (or another value that must be finite) is NaN or Inf."""
+
+
+class StructureError(TrifluxError, ValueError):
+    """A state, gradient or optimiser tree does not match the model."""
+
+
+class GradientError(TrifluxError, RuntimeError):
+    """Misuse of ``gradient``: non-scalar loss, nothing to differentiate, ..."""
+
+
+def device_fix(device):
+    """The one-line fix that moves data to ``device``."""
+    from .devices import CPUDevice  # late: devices imports errors
+
+    if isinstance(device, CPUDevice):
+        return "move the data with `cpu(x)` (or `triflux.cpu_device()(x)`)"
+    return f"move the data with `gpu(x)` (or `{device!r}(x)`)"

@@ -1,0 +1,185 @@
+"""What every kernel family shares: allocation, block sizes, N-d strided
+indexing, a strided copy/cast kernel, and the launch wrapper that turns
+backend failures into triflux errors.
+
+torch is used here for exactly two things: allocating device memory
+(``torch.empty``) and metadata-only views. Everything that computes is Triton.
+"""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from triflux import backend
+from triflux.errors import NoGPUError, OutOfMemoryError
+
+INTERPRET = backend.interpreter_on()
+
+#: kernels index tensors of up to this many dimensions (after merging)
+MAX_DIMS = 6
+
+
+def next_pow2(n):
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def block_for(n, gpu_block=1024):
+    """Elements per program. The interpreter pays ~1 ms per program, so there
+    one program takes as much as it can (NumPy vectorises inside it)."""
+    if INTERPRET:
+        return min(next_pow2(max(n, 1)), 1 << 16)
+    return gpu_block
+
+
+def cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def empty(shape, dtype, device):
+    """Uninitialised device memory (``dtype``: a torch dtype)."""
+    try:
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
+    except torch.OutOfMemoryError as e:  # pragma: no cover - needs a GPU
+        raise out_of_memory(e, shape, dtype, device) from None
+
+
+def out_of_memory(exc, shape=None, dtype=None, device=None):
+    asked = ""
+    if shape is not None:
+        n = 1
+        for s in shape:
+            n *= int(s)
+        asked = f"{n * torch.empty((), dtype=dtype).element_size()} bytes for a {tuple(shape)} {dtype} tensor; "
+    free = ""
+    try:
+        f, t = torch.cuda.mem_get_info(device)
+        free = f"{f} bytes free of {t}; "
+    except Exception:
+        pass
+    return OutOfMemoryError(
+        f"out of memory on {device}: asked for {asked}{free}"
+        "use a smaller batch, call `triflux.reclaim()`, or move part of the work to the CPU. "
+        "Your model and optimiser state are untouched.")
+
+
+def launch(kernel, grid, *args, **meta):
+    """``kernel[grid](*args, **meta)``, with backend failures made readable."""
+    try:
+        return kernel[grid](*args, **meta)
+    except RuntimeError as e:
+        msg = str(e)
+        if "active drivers" in msg or "no CUDA-capable device" in msg or "driver" in msg.lower() and "found" in msg.lower():
+            raise NoGPUError(
+                "no GPU backend is functional here (Triton found no GPU driver). "
+                "Use the CPU device (`cpu(x)`), or set TRITON_INTERPRET=1 before importing "
+                "triflux to run the kernels in the Triton interpreter.") from None
+        if "out of memory" in msg.lower():
+            raise out_of_memory(e) from None
+        raise
+
+
+# --- N-d strided indexing ------------------------------------------------------------
+
+def broadcast_strides(t, out_shape):
+    """Strides (in elements) that read ``t`` broadcast to ``out_shape``."""
+    nd = len(out_shape)
+    shape = (1,) * (nd - t.dim()) + tuple(t.shape)
+    strides = (0,) * (nd - t.dim()) + tuple(t.stride())
+    return tuple(0 if (s == 1 and o != 1) else st for s, st, o in zip(shape, strides, out_shape))
+
+
+def merge_dims(shape, *stride_sets):
+    """Drop size-1 dimensions and merge neighbours that are contiguous in
+    every stride set, so most tensors index as 1-d or 2-d."""
+    dims = [(s, [st[i] for st in stride_sets]) for i, s in enumerate(shape) if s != 1]
+    merged = []
+    for s, sts in dims:
+        if merged:
+            ps, psts = merged[-1]
+            if all(p == q * s for p, q in zip(psts, sts)):
+                merged[-1] = (ps * s, sts)
+                continue
+        merged.append((s, sts))
+    if len(merged) > MAX_DIMS:
+        raise NotImplementedError(f"tensors of more than {MAX_DIMS} non-mergeable dimensions")
+    shape_out = [1] * (MAX_DIMS - len(merged)) + [s for s, _ in merged]
+    strides_out = []
+    for k in range(len(stride_sets)):
+        strides_out.append([0] * (MAX_DIMS - len(merged)) + [sts[k] for _, sts in merged])
+    return shape_out, strides_out
+
+
+@triton.jit
+def nd_offset(lin, D1, D2, D3, D4, D5, S0, S1, S2, S3, S4, S5):
+    """Element offset of linear (row-major) index ``lin`` in a 6-d strided
+    tensor of sizes (D0, D1, ..., D5); D0 is implied."""
+    i5 = lin % D5
+    r = lin // D5
+    i4 = r % D4
+    r = r // D4
+    i3 = r % D3
+    r = r // D3
+    i2 = r % D2
+    r = r // D2
+    i1 = r % D1
+    i0 = r // D1
+    return i0 * S0 + i1 * S1 + i2 * S2 + i3 * S3 + i4 * S4 + i5 * S5
+
+
+@triton.jit
+def _copy_kernel(src, src_off, dst, dst_off, n,
+                 D1, D2, D3, D4, D5,
+                 A0, A1, A2, A3, A4, A5,
+                 B0, B1, B2, B3, B4, B5,
+                 BLOCK: tl.constexpr):
+    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = lin < n
+    so = nd_offset(lin, D1, D2, D3, D4, D5, A0, A1, A2, A3, A4, A5)
+    do = nd_offset(lin, D1, D2, D3, D4, D5, B0, B1, B2, B3, B4, B5)
+    x = tl.load(src + src_off + so, mask=mask)
+    tl.store(dst + dst_off + do, x.to(dst.dtype.element_ty), mask=mask)
+
+
+def copy_into(dst, src, src_strides=None, src_offset=0, dst_strides=None, dst_offset=0, shape=None):
+    """Copy ``src`` into ``dst`` element by element, converting the dtype.
+
+    Strides and offsets are in elements and may be negative (for views torch
+    cannot express, such as ``x[::-1]``); by default they are the tensors' own.
+    ``src`` may broadcast to ``shape`` (stride 0).
+    """
+    shape = tuple(dst.shape) if shape is None else tuple(shape)
+    n = 1
+    for s in shape:
+        n *= s
+    if n == 0:
+        return dst
+    a = broadcast_strides(src, shape) if src_strides is None else tuple(src_strides)
+    b = tuple(dst.stride()) if dst_strides is None else tuple(dst_strides)
+    mshape, (a, b) = merge_dims(shape, a, b)
+    block = block_for(n)
+    launch(_copy_kernel, (cdiv(n, block),), src, src_offset, dst, dst_offset, n,
+           *mshape[1:], *a, *b, BLOCK=block)
+    return dst
+
+
+def contiguous(t):
+    """``t`` itself when dense row-major, else a dense copy made by a kernel."""
+    if t.is_contiguous():
+        return t
+    out = empty(t.shape, t.dtype, t.device)
+    return copy_into(out, t)
+
+
+def cast(t, dtype):
+    """A copy of ``t`` in torch dtype ``dtype`` (``t`` itself if already)."""
+    if t.dtype == dtype:
+        return t
+    out = empty(t.shape, dtype, t.device)
+    return copy_into(out, t)
+
+
+@functools.lru_cache(maxsize=None)
+def compute_type(dtype):
+    """The Triton type kernels compute in: float64 stays, everything else float32."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
