@@ -1,4 +1,8 @@
-"""triflux: Flux.jl's model of GPU support, in Python."""
+"""triflux: Flux.jl's model of GPU support, in Python.
+
+Every primitive has a readable NumPy reference (the CPU backend) and Triton
+kernels (the GPU backend); the same code trains on any device.
+"""
 import os as _os
 
 # In a source checkout the top-level reference/ and triton_kernels/ folders are
@@ -8,3 +12,31 @@ _src = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if not _os.path.isdir(_os.path.join(_os.path.dirname(__file__), "reference")) and \
         _os.path.isdir(_os.path.join(_src, "reference")) and _src not in __path__:
     __path__.append(_src)
+
+__version__ = "0.1.0"
+
+from . import dtypes  # noqa: E402
+from .errors import (TrifluxError, DeviceMismatchError, NoGPUError, BackendNotSupportedError,  # noqa: E402
+                     DTypeError, ShapeError, OutOfMemoryError, NonFiniteError, StructureError,
+                     GradientError)
+from .dtypes import float16, float32, float64, int32, int64, bool_  # noqa: E402
+from .devices import (CPUDevice, CUDADevice, AMDGPUDevice, MetalDevice, Device,  # noqa: E402
+                      gpu, cpu, get_device, gpu_device, cpu_device, supported_devices, functional)
+from .preferences import gpu_backend, gpu_backend_preference as _pref  # noqa: E402
+from .tensor import Tensor, tensor, zeros, ones, rand, randn, full, seed  # noqa: E402
+from .functor import fmap  # noqa: E402
+from . import ops  # noqa: E402
+from .ops import (matmul, concat, cat, reshape, transpose, where, maximum, minimum,  # noqa: E402
+                  exp, log, sqrt, zeros_like, ones_like)
+from .activations import (identity, relu, sigmoid, σ, tanh, softmax, logsoftmax, logsumexp,  # noqa: E402
+                          leakyrelu, elu, gelu, swish, softplus)
+from .autodiff import gradient, withgradient  # noqa: E402
+from .layers import Layer, Dense, Chain, flatten  # noqa: E402
+
+GPU_BACKEND = _pref()
+
+
+def __getattr__(name):
+    if name == "bfloat16":
+        return dtypes.bfloat16
+    raise AttributeError(f"module 'triflux' has no attribute {name!r}")

@@ -183,3 +183,24 @@ def cast(t, dtype):
 def compute_type(dtype):
     """The Triton type kernels compute in: float64 stays, everything else float32."""
     return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+@triton.jit
+def _full_kernel(dst, value, n, BLOCK: tl.constexpr):
+    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    if dst.dtype.element_ty == tl.float64:
+        v = tl.full((BLOCK,), value, tl.float64)
+    else:  # via float32: the interpreter cannot convert float64 to bfloat16
+        v = tl.full((BLOCK,), value, tl.float32)
+    tl.store(dst + lin, v.to(dst.dtype.element_ty), mask=lin < n)
+
+
+def full(shape, value, dtype, device):
+    """A new dense tensor of ``shape`` filled with ``value`` (the kernel
+    behind zeros/ones/fill; torch only allocates)."""
+    out = empty(shape, dtype, device)
+    n = out.numel()
+    if n:
+        block = block_for(n)
+        launch(_full_kernel, (cdiv(n, block),), out, float(value), n, BLOCK=block)
+    return out

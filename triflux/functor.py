@@ -1,0 +1,68 @@
+"""Walking structures of arrays (Functors.jl's ``fmap``, in Python).
+
+A structure is a Tensor or NumPy array (a leaf), a tuple/list/dict of
+structures, or a layer, whose children are its attributes that hold
+structures. ``fmap`` rebuilds a structure with a function applied to every
+leaf; layers are copied, never mutated.
+"""
+import copy
+
+import numpy as np
+
+
+def is_layer(x):
+    from .layers.base import Layer
+    return isinstance(x, Layer)
+
+
+def is_leaf(x):
+    from .tensor import Tensor
+    return isinstance(x, (Tensor, np.ndarray))
+
+
+def children(layer):
+    """The attributes of ``layer`` that hold arrays or other layers, in
+    definition order: ``{"weight": ..., "bias": ...}``."""
+    return layer._children()
+
+
+def fmap(f, x):
+    """Apply ``f`` to every array leaf of ``x``, rebuilding the structure."""
+    if is_leaf(x):
+        return f(x)
+    if is_layer(x):
+        new = copy.copy(x)
+        for name, v in children(x).items():
+            object.__setattr__(new, name, fmap(f, v))
+        return new
+    if isinstance(x, tuple):
+        items = [fmap(f, v) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
+    if isinstance(x, list):
+        return [fmap(f, v) for v in x]
+    if isinstance(x, dict):
+        return type(x)((k, fmap(f, v)) for k, v in x.items())
+    return x
+
+
+def leaves(x):
+    """Every array leaf of ``x``, depth first, each once."""
+    seen = set()
+    out = []
+
+    def walk(v):
+        if is_leaf(v):
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+        elif is_layer(v):
+            for c in children(v).values():
+                walk(c)
+        elif isinstance(v, (tuple, list)):
+            for c in v:
+                walk(c)
+        elif isinstance(v, dict):
+            for c in v.values():
+                walk(c)
+    walk(x)
+    return out

@@ -1,0 +1,3 @@
+"""Layers: callables holding parameters (Tensors) as attributes."""
+from .base import Layer
+from .basic import Chain, Dense, flatten, Flatten

@@ -1,0 +1,35 @@
+"""The layer base class: parameters are attributes holding Tensors."""
+import numpy as np
+
+from ..tensor import Tensor
+
+
+def _holds_arrays(v):
+    if isinstance(v, (Tensor, np.ndarray, Layer)):
+        return True
+    if isinstance(v, (list, tuple)):
+        return any(_holds_arrays(e) for e in v)
+    if isinstance(v, dict):
+        return any(_holds_arrays(e) for e in v.values())
+    return False
+
+
+class Layer:
+    """Base class of layers. A layer's children are its attributes that hold
+    Tensors or other layers (in definition order); ``gpu``/``cpu``, ``fmap``,
+    ``gradient``, ``state`` and the optimisers all walk them.
+
+    ``_nontrainable`` names children that hold state but are not trained
+    (BatchNorm's running statistics)."""
+    _nontrainable = ()
+
+    def _children(self):
+        return {k: v for k, v in vars(self).items() if _holds_arrays(v)}
+
+    def __repr__(self):
+        from ..show import layer_repr
+        return layer_repr(self)
+
+    def _signature(self):
+        """The part inside ``Name(...)`` when printed (override per layer)."""
+        return ""
