@@ -94,7 +94,9 @@ def as_tensor(x, like=None):
 def _promote(a, b):
     if a.dtype == b.dtype:
         return a, b
-    dt = np.promote_types(a.dtype, b.dtype)
+    fa, fb = _dt.is_floating(a.dtype), _dt.is_floating(b.dtype)
+    # integers meeting floats take the float's type (int64 * float32 stays float32)
+    dt = a.dtype if fa and not fb else b.dtype if fb and not fa else np.promote_types(a.dtype, b.dtype)
     return cast(a, dt), cast(b, dt)
 
 

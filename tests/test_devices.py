@@ -1,0 +1,160 @@
+"""Devices and moving structures; the errors the seeds' users needed."""
+import os
+
+import numpy as np
+import pytest
+
+import triflux as tf
+from triflux.errors import DeviceMismatchError, NoGPUError, BackendNotSupportedError
+from helpers import DEVICES, device, run_python
+
+needs_gpu = pytest.mark.skipif(not tf.functional("CUDA"), reason="no functional CUDA backend")
+
+
+def test_supported_devices_and_cpu():
+    assert tf.supported_devices() == ("CUDA", "AMDGPU", "Metal", "CPU")
+    assert tf.functional("CPU") and not tf.functional("Metal")
+    assert tf.get_device("CPU") == tf.cpu_device() == tf.CPUDevice()
+    assert hash(tf.CUDADevice(1)) == hash(tf.CUDADevice(1)) and tf.CUDADevice(1) != tf.CUDADevice(0)
+    with pytest.raises(ValueError, match="CUDA, AMDGPU, Metal, CPU"):
+        tf.get_device("TPU")
+
+
+def test_metal_is_a_clear_error():
+    with pytest.raises(BackendNotSupportedError, match="Triton has no Metal backend.*CPU"):
+        tf.MetalDevice()(np.ones(2))
+
+
+def test_cpu_device_makes_tensors_from_arrays():
+    t = tf.cpu(np.ones((2, 2)))
+    assert isinstance(t, tf.Tensor) and t.device == tf.cpu_device() and t.dtype == np.float64
+
+
+@needs_gpu
+def test_gpu_moves_structures_with_cu_rules():
+    data = {"x": np.ones((2, 3)), "y": np.arange(3), "m": np.array([True]), "h": np.ones(2, np.float16),
+            "nested": (np.zeros(2, np.float32), [np.ones(1)]), "n": 5}
+    g = tf.gpu(data)
+    gpu = tf.CUDADevice(0)
+    assert g["x"].device == gpu and g["x"].dtype == np.float32          # float64 -> float32
+    assert g["y"].dtype == np.int64 and g["m"].dtype == np.bool_ and g["h"].dtype == np.float16
+    assert isinstance(g["nested"], tuple) and g["nested"][1][0].dtype == np.float32
+    assert g["n"] == 5
+    back = tf.cpu(g)
+    assert back["x"].device == tf.cpu_device()
+    np.testing.assert_array_equal(back["y"].numpy(), np.arange(3))
+    # a device object keeps the dtype (MLDataDevices semantics)
+    assert gpu(np.ones(2)).dtype == np.float64
+
+
+@needs_gpu
+def test_gpu_moves_models_without_touching_the_original():
+    m = tf.Chain(tf.Dense(3, 2, tf.relu), tf.Dense(2, 1))
+    g = tf.gpu(m)
+    assert tf.get_device(g) == tf.CUDADevice(0) and tf.get_device(m) == tf.cpu_device()
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_allclose(g(tf.gpu(x)).numpy(), m(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert "Dense(3 => 2, relu)" in repr(g)
+
+
+@needs_gpu
+def test_device_mismatch_names_both_devices_and_the_fix():
+    a, b = tf.ones(2), tf.gpu(tf.ones(2))
+    with pytest.raises(DeviceMismatchError) as e:
+        a + b
+    msg = str(e.value)
+    assert "CPUDevice()" in msg and "CUDADevice(0)" in msg and "gpu(x)" in msg and "`add`" in msg
+
+
+@needs_gpu
+def test_layer_names_itself_on_device_mismatch():
+    m = tf.gpu(tf.Dense(3, 2))
+    with pytest.raises(DeviceMismatchError) as e:
+        m(np.ones((1, 3), np.float32))
+    msg = str(e.value)
+    assert "Dense(3 => 2)" in msg and "CUDADevice(0)" in msg and "CPUDevice()" in msg and "gpu(x)" in msg
+
+
+def test_get_device_of_objects():
+    m = tf.Dense(2, 2)
+    assert tf.get_device(m) == tf.cpu_device()
+    assert tf.get_device(tf.relu) is None
+    if tf.functional("CUDA"):
+        m.bias = tf.gpu(m.bias)
+        with pytest.raises(DeviceMismatchError, match="different devices"):
+            tf.get_device(m)
+
+
+def test_gpu_is_a_noop_without_a_gpu_backend():
+    r = run_python("""
+        import numpy as np, triflux as tf
+        x = np.ones(3)
+        assert tf.gpu(x) is x
+        assert not tf.functional("CUDA")
+        print("OK", tf.get_device())
+    """, unset=("TRITON_INTERPRET",), env={"CUDA_VISIBLE_DEVICES": "-1"})
+    assert r.returncode == 0, r.stderr
+    assert "OK CPUDevice()" in r.stdout
+
+
+def test_no_driver_gives_a_triflux_error_not_triton_internals():
+    r = run_python("""
+        import numpy as np, triflux as tf
+        try:
+            tf.CUDADevice(0)(np.ones(3))
+        except tf.NoGPUError as e:
+            print("ERR", e)
+    """, unset=("TRITON_INTERPRET",), env={"CUDA_VISIBLE_DEVICES": "-1"})
+    assert r.returncode == 0, r.stderr
+    assert "ERR no CUDA GPU backend is functional" in r.stdout
+    assert "active drivers" not in r.stdout + r.stderr
+
+
+def test_kernel_launch_without_driver_is_translated():
+    """Even a direct kernel call (bypassing device checks) never shows
+    Triton's '0 active drivers'."""
+    r = run_python("""
+        import torch, triflux as tf
+        from triflux.triton_kernels import common
+        try:
+            common.full((3,), 1.0, torch.float32, "cpu")
+        except tf.NoGPUError as e:
+            print("ERR", e)
+    """, unset=("TRITON_INTERPRET",), env={"CUDA_VISIBLE_DEVICES": "-1"})
+    assert "active drivers" not in r.stdout + r.stderr, r.stderr
+    assert "ERR no GPU backend is functional" in r.stdout, r.stdout + r.stderr
+
+
+def test_cuda_visible_devices_minus_one_disables_the_interpreter_too():
+    r = run_python("import triflux as tf; print(tf.functional('CUDA'))",
+                   env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "-1"})
+    assert r.stdout.strip() == "False", r.stderr
+
+
+def test_gpu_backend_preference_roundtrip(tmp_path):
+    (tmp_path / "LocalPreferences.toml").write_text('[other]\nkeep = 1\n')
+    r = run_python("import triflux as tf; tf.gpu_backend('amdgpu')", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "restart" in r.stdout
+    text = (tmp_path / "LocalPreferences.toml").read_text()
+    assert 'gpu_backend = "AMDGPU"' in text and "[triflux]" in text and "keep = 1" in text
+    r = run_python("import triflux as tf; print(tf.GPU_BACKEND)", cwd=tmp_path)
+    assert r.stdout.strip() == "AMDGPU", r.stderr
+    r = run_python("import triflux as tf; tf.gpu_backend('TPU')", cwd=tmp_path)
+    assert r.returncode != 0 and "CUDA, AMDGPU, Metal, CPU" in r.stderr
+
+
+def test_cpu_preference_selects_the_cpu(tmp_path):
+    (tmp_path / "LocalPreferences.toml").write_text('[triflux]\ngpu_backend = "CPU"\n')
+    r = run_python("import triflux as tf; print(tf.get_device(verbose=True))", cwd=tmp_path,
+                   env={"TRITON_INTERPRET": "1"})
+    assert r.stdout.strip().endswith("CPUDevice()"), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_fmap_rebuilds(dev):
+    d = device(dev)
+    m = d(tf.Chain(tf.Dense(2, 2), tf.flatten))
+    doubled = tf.fmap(lambda t: t * 2, m)
+    assert doubled is not m and doubled[1] is tf.flatten
+    np.testing.assert_allclose(doubled[0].weight.numpy(), 2 * m[0].weight.numpy())

@@ -1,0 +1,1 @@
+"""Runnable demonstrations (``python -m triflux demo NAME``)."""

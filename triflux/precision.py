@@ -1,0 +1,37 @@
+"""Converting the floating arrays of any structure: ``f32``, ``f64``,
+``f16``, ``bf16`` (Flux's names). Integer and bool arrays are kept, so
+labels and masks survive a precision change."""
+import numpy as np
+
+from . import dtypes as _dt
+from .functor import fmap
+from .tensor import Tensor
+
+
+def _convert(x, dtype):
+    def leaf(a):
+        if isinstance(a, Tensor):
+            from . import ops
+            return ops.cast(a, dtype) if _dt.is_floating(a.dtype) else a
+        return a.astype(dtype) if _dt.is_floating(a.dtype) else a
+    return fmap(leaf, x)
+
+
+def f32(x):
+    """``x`` with every floating array in float32."""
+    return _convert(x, _dt.float32)
+
+
+def f64(x):
+    """``x`` with every floating array in float64."""
+    return _convert(x, _dt.float64)
+
+
+def f16(x):
+    """``x`` with every floating array in float16."""
+    return _convert(x, _dt.float16)
+
+
+def bf16(x):
+    """``x`` with every floating array in bfloat16 (needs ``ml_dtypes``)."""
+    return _convert(x, _dt.as_dtype("bfloat16"))
