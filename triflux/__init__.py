@@ -35,9 +35,9 @@ from .layers import Layer, Dense, Chain, flatten  # noqa: E402
 from .data import DataLoader  # noqa: E402
 from .precision import f32, f64, f16, bf16  # noqa: E402
 from .modes import trainmode, testmode  # noqa: E402
-from . import losses, optimise  # noqa: E402
+from . import losses, optimise, persistence  # noqa: E402
 from .losses import onehotbatch, onecold  # noqa: E402
-from .optimise import setup, update, train, adjust  # noqa: E402
+from .optimise import setup, update, train, adjust, Descent, Momentum, Nesterov, Adam, AdamW, RMSProp  # noqa: E402
 from .persistence import state, loadmodel  # noqa: E402
 
 GPU_BACKEND = _pref()

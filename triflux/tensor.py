@@ -190,7 +190,7 @@ def _torch_to_numpy(t):
 
 def _numpy_to_torch(arr, tdevice):
     import torch
-    arr = np.ascontiguousarray(arr)
+    arr = np.ascontiguousarray(arr).reshape(arr.shape)   # ascontiguousarray makes 0-d arrays 1-d
     if _dt.is_bfloat16(arr.dtype):
         host = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
     else:

@@ -1,0 +1,587 @@
+"""Optimisers (Optimisers.jl's rules and its ``setup`` / ``update`` /
+``adjust``) and Flux's ``train``.
+
+::
+
+    opt_state = setup(Adam(1e-3), model)      # state tree mirroring the model
+    loss, (g,) = withgradient(lambda m: mse(m(x), y), model)
+    update(opt_state, model, g)               # parameters change in place
+    train(lambda m, x, y: mse(m(x), y), model, loader, opt_state)   # one epoch
+
+Each rule's per-array step is one registered in-place primitive
+(``<rule>_update`` in the ``optimise`` family): the NumPy reference on the
+CPU, one fused Triton kernel per array on a GPU. The formulas are
+Optimisers.jl's (``p`` a parameter, ``g`` its gradient, ``t`` the step):
+
+=============  =========================================================================
+Descent        p -= η·g
+Momentum       v = ρ·v + η·g;  p -= v
+Nesterov       d = -ρ²·v + (1+ρ)·η·g;  v = ρ·v - η·g;  p -= d
+RMSProp        s = ρ·s + (1-ρ)·g²;  p -= η·g / (√s + ϵ)
+Adam           m = β₁·m + (1-β₁)·g;  v = β₂·v + (1-β₂)·g²;
+               p -= η · m/(1-β₁ᵗ) / (√(v/(1-β₂ᵗ)) + ϵ)
+AdamW          Adam's step with η = 1, then p -= η·(step + λ·p)   (couple=True,
+               PyTorch's AdamW);  p -= η·step + λ·p   (couple=False)
+=============  =========================================================================
+
+The optimiser state tree has the model's shape (API.md "Structure"): a dict
+keyed by child name for a layer, a list for lists (``Chain``'s ``layers``),
+a :class:`Leaf` at each trainable array and ``None`` elsewhere. Leaves are
+dicts, so ``gpu(opt_state)`` / ``cpu(opt_state)`` move optimiser state
+like any other structure, and ``state`` / ``loadmodel`` save and restore it.
+"""
+import math
+import warnings
+
+import numpy as np
+
+from . import dtypes as _dt
+from . import ops
+from .errors import DeviceMismatchError, NonFiniteError, StructureError
+from .functor import children, is_layer
+from .registry import REGISTRY
+from .tensor import Tensor
+
+__all__ = ["Descent", "Momentum", "Nesterov", "Adam", "AdamW", "RMSProp", "Leaf", "Rule",
+           "setup", "update", "adjust", "train", "RULES"]
+
+
+# --- rules ------------------------------------------------------------------------------------
+
+def _fmt(v):
+    if isinstance(v, tuple):
+        return "(" + ", ".join(_fmt(e) for e in v) + ")"
+    return repr(v)
+
+
+class Rule:
+    """Base class of optimisation rules: hyperparameters only, no state.
+
+    ``_fields`` lists the hyperparameters in Optimisers.jl's order (the
+    positional order of the constructor and of the printed form)."""
+    _fields = ()
+    _primitive = None  # name of the in-place primitive doing one step
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(_fmt(getattr(self, f)) for f in self._fields)})"
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.hyperparameters() == other.hyperparameters()
+
+    def __hash__(self):
+        return hash((type(self).__name__, tuple(self.hyperparameters().items())))
+
+    def hyperparameters(self):
+        """``{name: value}`` in field order (plain Python numbers and tuples)."""
+        return {f: getattr(self, f) for f in self._fields}
+
+    def replace(self, **kw):
+        """A copy with some hyperparameters changed (Optimisers.adjust on a rule)."""
+        unknown = set(kw) - set(self._fields)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no hyperparameter(s) {sorted(unknown)}; "
+                            f"it has {list(self._fields)}")
+        hp = self.hyperparameters()
+        hp.update(kw)
+        return type(self)(**hp)
+
+    # per-rule behaviour ------------------------------------------------------------------------
+    def init(self, x):
+        """The state for parameter ``x`` (arrays on its device, of its dtype)."""
+        return None
+
+    def step(self, x, g, st):
+        """Update ``x`` in place from gradient ``g``; return the new state."""
+        raise NotImplementedError
+
+    def _call(self, x, g, arrays, **attrs):
+        prim = REGISTRY[self._primitive]
+        prim.impl(x._device.is_cpu)(x._data, g._data, *[a._data for a in arrays], **attrs)
+
+
+def _eta(v, name):
+    v = float(v)
+    if not v >= 0:
+        raise ValueError(f"{name}: the learning rate cannot be negative (or NaN), got {v}")
+    return v
+
+
+def _beta(beta, name):
+    beta = tuple(float(b) for b in beta)
+    if len(beta) != 2:
+        raise ValueError(f"{name}: beta must be a pair (β1, β2), got {beta}")
+    return beta
+
+
+class Descent(Rule):
+    """Classic gradient descent, ``p -= η·g`` (``Descent(eta=0.1)``)."""
+    _fields = ("eta",)
+    _primitive = "descent_update"
+
+    def __init__(self, eta=0.1):
+        self.eta = _eta(eta, "Descent")
+
+    def step(self, x, g, st):
+        self._call(x, g, (), eta=self.eta)
+        return st
+
+
+class Momentum(Rule):
+    """Gradient descent with momentum ρ: ``v = ρ·v + η·g;  p -= v``
+    (``Momentum(eta=0.01, rho=0.9)``)."""
+    _fields = ("eta", "rho")
+    _primitive = "momentum_update"
+
+    def __init__(self, eta=0.01, rho=0.9):
+        self.eta, self.rho = _eta(eta, "Momentum"), float(rho)
+
+    def init(self, x):
+        return ops.zeros_like(x)
+
+    def step(self, x, g, v):
+        self._call(x, g, (v,), eta=self.eta, rho=self.rho)
+        return v
+
+
+class Nesterov(Rule):
+    """Nesterov momentum: ``d = -ρ²·v + (1+ρ)·η·g;  v = ρ·v - η·g;  p -= d``
+    (``Nesterov(eta=0.001, rho=0.9)``)."""
+    _fields = ("eta", "rho")
+    _primitive = "nesterov_update"
+
+    def __init__(self, eta=0.001, rho=0.9):
+        self.eta, self.rho = _eta(eta, "Nesterov"), float(rho)
+
+    def init(self, x):
+        return ops.zeros_like(x)
+
+    def step(self, x, g, v):
+        self._call(x, g, (v,), eta=self.eta, rho=self.rho)
+        return v
+
+
+class RMSProp(Rule):
+    """RMSProp: ``s = ρ·s + (1-ρ)·g²;  p -= η·g / (√s + ϵ)``
+    (``RMSProp(eta=0.001, rho=0.9, epsilon=1e-8)``). The centred variant is
+    not implemented."""
+    _fields = ("eta", "rho", "epsilon")
+    _primitive = "rmsprop_update"
+
+    def __init__(self, eta=0.001, rho=0.9, epsilon=1e-8, *, centred=False, centered=False):
+        if centred or centered:
+            raise NotImplementedError("RMSProp(centred=True) is not implemented in triflux; "
+                                      "use the plain RMSProp or Adam")
+        self.eta, self.rho, self.epsilon = _eta(eta, "RMSProp"), float(rho), float(epsilon)
+
+    def __repr__(self):
+        return f"RMSProp({self.eta!r}, {self.rho!r}, {self.epsilon!r}; centred = false)"
+
+    def init(self, x):
+        return ops.zeros_like(x)
+
+    def step(self, x, g, s):
+        self._call(x, g, (s,), eta=self.eta, rho=self.rho, epsilon=self.epsilon)
+        return s
+
+
+class Adam(Rule):
+    """Adam: ``m = β₁·m + (1-β₁)·g;  v = β₂·v + (1-β₂)·g²;
+    p -= η · m/(1-β₁ᵗ) / (√(v/(1-β₂ᵗ)) + ϵ)``
+    (``Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8)``). State: ``(m, v, t)``
+    with ``t`` the number of steps taken."""
+    _fields = ("eta", "beta", "epsilon")
+    _primitive = "adam_update"
+
+    def __init__(self, eta=0.001, beta=(0.9, 0.999), epsilon=1e-8):
+        self.eta, self.beta, self.epsilon = _eta(eta, "Adam"), _beta(beta, "Adam"), float(epsilon)
+
+    def init(self, x):
+        return (ops.zeros_like(x), ops.zeros_like(x), 0)
+
+    def step(self, x, g, st):
+        m, v, t = st
+        t = int(t) + 1
+        self._call(x, g, (m, v), eta=self.eta, beta1=self.beta[0], beta2=self.beta[1],
+                   epsilon=self.epsilon, step=t)
+        return (m, v, t)
+
+
+class AdamW(Rule):
+    """Adam with decoupled weight decay λ (Optimisers.jl ≥ 0.4, the form of
+    PyTorch's AdamW): with ``s`` Adam's step at η = 1,
+    ``p -= η·(s + λ·p)`` (``couple=True``, the default) or ``p -= η·s + λ·p``
+    (``couple=False``). ``AdamW(eta=0.001, beta=(0.9, 0.999), lambd=0.0,
+    epsilon=1e-8; couple=True)``; ``lambda_`` is accepted for ``lambd``."""
+    _fields = ("eta", "beta", "lambd", "epsilon", "couple")
+    _primitive = "adamw_update"
+
+    def __init__(self, eta=0.001, beta=(0.9, 0.999), lambd=0.0, epsilon=1e-8, couple=True, *,
+                 lambda_=None):
+        if lambda_ is not None:
+            lambd = lambda_
+        self.eta, self.beta = _eta(eta, "AdamW"), _beta(beta, "AdamW")
+        self.lambd, self.epsilon, self.couple = float(lambd), float(epsilon), bool(couple)
+
+    def init(self, x):
+        return (ops.zeros_like(x), ops.zeros_like(x), 0)
+
+    def step(self, x, g, st):
+        m, v, t = st
+        t = int(t) + 1
+        common = dict(beta1=self.beta[0], beta2=self.beta[1], epsilon=self.epsilon, step=t)
+        if self.couple:
+            self._call(x, g, (m, v), eta=self.eta, lambd=self.lambd, **common)
+        elif self.eta > 0:
+            # η·s + λ·p == η·(s + (λ/η)·p): the coupled kernel with λ' = λ/η
+            self._call(x, g, (m, v), eta=self.eta, lambd=self.lambd / self.eta, **common)
+        else:
+            # η == 0: the moments still advance; the decay alone is p -= λ·p
+            self._call(x, g, (m, v), eta=0.0, lambd=0.0, **common)
+            if self.lambd:
+                REGISTRY["descent_update"].impl(x._device.is_cpu)(x._data, ops.contiguous(x)._data,
+                                                                  eta=self.lambd)
+        return (m, v, t)
+
+
+RULES = {r.__name__: r for r in (Descent, Momentum, Nesterov, RMSProp, Adam, AdamW)}
+
+
+def rule_from_dict(d):
+    """The rule saved by ``rule_to_dict`` (``{"Adam": {"eta": ..., ...}}``)."""
+    if not isinstance(d, dict) or len(d) != 1:
+        raise StructureError(f"not a saved optimisation rule: {d!r}")
+    (name, hp), = d.items()
+    cls = RULES.get(name)
+    if cls is None:
+        raise StructureError(f"unknown optimisation rule {name!r}; known: {sorted(RULES)}")
+    hp = dict(hp)
+    if "beta" in hp:
+        hp["beta"] = tuple(float(b) for b in np.asarray(hp["beta"]).reshape(-1))
+    for k, v in list(hp.items()):
+        if isinstance(v, np.ndarray):
+            hp[k] = v.item()
+    return cls(**hp)
+
+
+def rule_to_dict(rule):
+    """``{"Adam": {"eta": 0.001, "beta": [0.9, 0.999], "epsilon": 1e-08}}``: the
+    rule as plain data (names as keys, so a file format needs no strings)."""
+    hp = {k: (list(v) if isinstance(v, tuple) else v) for k, v in rule.hyperparameters().items()}
+    return {type(rule).__name__: hp}
+
+
+# --- the state tree ---------------------------------------------------------------------------
+
+class Leaf(dict):
+    """The optimiser state of one trainable array: ``leaf.rule`` and
+    ``leaf.state`` (Optimisers.jl's ``Leaf``). A dict underneath
+    (``{"rule": ..., "state": ...}``) so that ``fmap``, ``gpu``, ``cpu`` and
+    ``get_device`` see the state arrays inside it."""
+    __hash__ = object.__hash__
+
+    def __init__(self, rule=None, state=None, **kw):
+        if isinstance(rule, Rule) or rule is None and not kw:
+            super().__init__(rule=rule, state=state)
+        else:  # dict-style construction, as fmap rebuilds it: Leaf(pairs)
+            super().__init__(rule, **kw)
+        if set(self) != {"rule", "state"}:
+            raise StructureError(f"a Leaf holds exactly `rule` and `state`, got keys {sorted(self)}")
+
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    @property
+    def rule(self):
+        return self["rule"]
+
+    @rule.setter
+    def rule(self, r):
+        self["rule"] = r
+
+    @property
+    def state(self):
+        return self["state"]
+
+    @state.setter
+    def state(self, s):
+        self["state"] = s
+
+    def __repr__(self):
+        return f"Leaf({self.rule!r}, {_state_repr(self.state)})"
+
+
+def _state_repr(s):
+    if isinstance(s, Tensor):
+        dims = "×".join(map(str, s.shape)) if s.ndim else "0-d"
+        return f"{dims} Tensor{{{s.dtype}}}"
+    if isinstance(s, tuple):
+        return "(" + ", ".join(_state_repr(e) for e in s) + ")"
+    return repr(s)
+
+
+def _join(path, key):
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if isinstance(key, str) and key.isidentifier():
+        return f"{path}.{key}" if path else key
+    return f"{path}[{key!r}]"
+
+
+def _show(path):
+    return path or "(the model itself)"
+
+
+def _trainable(x):
+    return isinstance(x, Tensor) and _dt.is_floating(x.dtype)
+
+
+def setup(rule, model):
+    """The optimiser state tree for training ``model`` with ``rule``
+    (Optimisers.setup): the model's shape, a :class:`Leaf` at every trainable
+    (floating) Tensor, holding the rule's state allocated on that Tensor's
+    device with its dtype; ``None`` at non-trainable children (a layer's
+    ``_nontrainable``, integer buffers, functions). A Tensor used twice
+    (tied weights) gets one shared Leaf."""
+    if isinstance(rule, type) and issubclass(rule, Rule):
+        rule = rule()
+    if not isinstance(rule, Rule):
+        raise TypeError(f"setup(rule, model): {rule!r} is not an optimisation rule "
+                        f"(use one of {', '.join(RULES)}, e.g. `setup(Adam(1e-3), model)`)")
+    memo = {}
+
+    def walk(x):
+        if isinstance(x, Tensor):
+            if not _trainable(x):
+                return None
+            leaf = memo.get(id(x))
+            if leaf is None:
+                leaf = memo[id(x)] = Leaf(rule, rule.init(x))
+            return leaf
+        if is_layer(x):
+            skip = type(x)._nontrainable
+            return {name: (None if name in skip else walk(v)) for name, v in children(x).items()}
+        if isinstance(x, (list, tuple)):
+            return [walk(v) for v in x]
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        return None
+
+    return walk(model)
+
+
+def _mismatch(what, path, *pairs):
+    return StructureError(f"update: {what} at `{_show(path)}`: " + "; ".join(pairs))
+
+
+def update(opt_state, model, grad):
+    """Apply one optimisation step (Optimisers.update!): every parameter of
+    ``model`` with a gradient in ``grad`` changes in place, as does its state
+    in ``opt_state``. ``grad`` mirrors the model (what ``gradient`` returns
+    for it); ``None`` anywhere means "no gradient, skip". Returns
+    ``(opt_state, model)``.
+
+    Everything is checked before anything changes: a gradient on another
+    device than its parameter raises ``DeviceMismatchError``, a gradient of
+    another shape or a tree that does not fit the model ``StructureError``,
+    each naming the field (``layers[1].weight``)."""
+    if isinstance(opt_state, Rule):
+        raise TypeError("update(opt_state, model, grad) needs the state tree from `setup(rule, model)`, "
+                        f"not the rule {opt_state!r}")
+    plan = []
+    done = set()
+
+    def walk(st, x, g, path):
+        if g is None:
+            return
+        if isinstance(x, Tensor):
+            if not _trainable(x):
+                return
+            if not isinstance(st, Leaf):
+                raise StructureError(
+                    f"update: the optimiser state has no Leaf for the parameter `{_show(path)}` "
+                    f"(found {type(st).__name__}); was it set up for this model? Call `setup(rule, model)`.")
+            if not isinstance(g, Tensor):
+                if isinstance(g, np.ndarray):
+                    g = Tensor._from_numpy(g)
+                else:
+                    raise StructureError(f"update: the gradient for `{_show(path)}` is a "
+                                         f"{type(g).__name__}, expected a Tensor of shape {x.shape}")
+            if g._device != x._device:
+                raise DeviceMismatchError(
+                    f"update: the gradient for `{_show(path)}` is on {g._device!r} but the parameter is on "
+                    f"{x._device!r}. Compute the gradient with the model and data on one device "
+                    f"(`gpu(x)` / `{x._device!r}(x)`).")
+            if g.shape != x.shape:
+                raise StructureError(
+                    f"update: the gradient for `{_show(path)}` has shape {g.shape} but the parameter "
+                    f"has shape {x.shape}")
+            for a in _state_tensors(st.state):
+                if a._device != x._device:
+                    raise DeviceMismatchError(
+                        f"update: the optimiser state for `{_show(path)}` is on {a._device!r} but the "
+                        f"parameter is on {x._device!r} (the model was moved after `setup`). Move the "
+                        f"state too (`{x._device!r}(opt_state)`, `gpu(opt_state)`) or call "
+                        "`setup(rule, model)` again.")
+                if a.shape != x.shape:
+                    raise StructureError(
+                        f"update: the optimiser state for `{_show(path)}` has shape {a.shape} but the "
+                        f"parameter has shape {x.shape}; call `setup(rule, model)` for this model")
+            if id(x) in done:  # a tied parameter: its gradient is already the total
+                return
+            done.add(id(x))
+            plan.append((st, x, g))
+            return
+        if is_layer(x):
+            kids = children(x)
+            if not isinstance(g, dict):
+                raise StructureError(f"update: the gradient for `{_show(path)}` ({type(x).__name__}) should be a "
+                                     f"dict keyed by field name, got {type(g).__name__}")
+            extra = set(g) - set(kids)
+            if extra:
+                raise StructureError(f"update: the gradient has field(s) {sorted(extra)} at `{_show(path)}`, "
+                                     f"which the {type(x).__name__} lacks (fields: {list(kids)})")
+            if not isinstance(st, dict) or isinstance(st, Leaf):
+                raise StructureError(f"update: the optimiser state at `{_show(path)}` does not fit the "
+                                     f"{type(x).__name__}; call `setup(rule, model)` for this model")
+            skip = type(x)._nontrainable
+            for name, v in kids.items():
+                if name in skip:
+                    continue
+                walk(st.get(name), v, g.get(name), _join(path, name))
+            return
+        if isinstance(x, (list, tuple)):
+            if not isinstance(g, (list, tuple)) or len(g) != len(x):
+                raise _mismatch("the gradient does not fit", path,
+                                f"the model has a {type(x).__name__} of {len(x)}",
+                                f"the gradient is {_describe(g)}")
+            if not isinstance(st, (list, tuple)) or len(st) != len(x):
+                raise _mismatch("the optimiser state does not fit", path,
+                                f"the model has a {type(x).__name__} of {len(x)}",
+                                f"the state is {_describe(st)}; call `setup(rule, model)` for this model")
+            for i, (s, v, gi) in enumerate(zip(st, x, g)):
+                walk(s, v, gi, _join(path, i))
+            return
+        if isinstance(x, dict):
+            if not isinstance(g, dict):
+                raise _mismatch("the gradient does not fit", path, "the model has a dict",
+                                f"the gradient is {_describe(g)}")
+            extra = set(g) - set(x)
+            if extra:
+                raise StructureError(f"update: the gradient has key(s) {sorted(map(repr, extra))} at "
+                                     f"`{_show(path)}`, which the model lacks")
+            if not isinstance(st, dict) or isinstance(st, Leaf):
+                raise _mismatch("the optimiser state does not fit", path, "the model has a dict",
+                                f"the state is {_describe(st)}")
+            for k, v in x.items():
+                walk(st.get(k), v, g.get(k), _join(path, k))
+            return
+        # functions, numbers, NumPy arrays: nothing to train
+
+    walk(opt_state, model, grad, "")
+    for leaf, x, g in plan:
+        g = _fit_gradient(x, g)
+        leaf.state = leaf.rule.step(x, g, leaf.state)
+    return opt_state, model
+
+
+def _describe(v):
+    if isinstance(v, (list, tuple)):
+        return f"a {type(v).__name__} of {len(v)}"
+    return "None" if v is None else f"a {type(v).__name__}"
+
+
+def _state_tensors(s):
+    if isinstance(s, Tensor):
+        return [s]
+    if isinstance(s, (tuple, list)):
+        return [a for e in s for a in _state_tensors(e)]
+    return []
+
+
+def _fit_gradient(x, g):
+    """The gradient as the update kernels take it: ``x``'s dtype (any layout:
+    the kernels honour strides)."""
+    if g.dtype != x.dtype:
+        g = ops.cast(g, x.dtype)
+    return g
+
+
+def adjust(opt_state, eta=None, **hyperparameters):
+    """Change hyperparameters of every rule in ``opt_state`` in place
+    (Optimisers.adjust!): ``adjust(opt_state, 1e-4)`` sets the learning rate,
+    ``adjust(opt_state, rho=0.95)`` another field (rules lacking it keep
+    theirs; a name no rule has raises). Returns ``opt_state``."""
+    if eta is not None:
+        hyperparameters["eta"] = eta
+    if not hyperparameters:
+        return opt_state
+    used = set()
+    seen = set()
+
+    def walk(s):
+        if isinstance(s, Leaf):
+            if id(s) in seen:
+                return
+            seen.add(id(s))
+            kw = {k: v for k, v in hyperparameters.items() if k in s.rule._fields}
+            used.update(kw)
+            if kw:
+                s.rule = s.rule.replace(**kw)
+        elif isinstance(s, dict):
+            for v in s.values():
+                walk(v)
+        elif isinstance(s, (list, tuple)):
+            for v in s:
+                walk(v)
+
+    walk(opt_state)
+    unused = set(hyperparameters) - used
+    if unused and seen:
+        raise TypeError(f"adjust: no rule in this optimiser state has hyperparameter(s) {sorted(unused)}")
+    return opt_state
+
+
+# --- the training loop ----------------------------------------------------------------------------
+
+def train(loss, model, data, opt_state, *, progress=False):
+    """One epoch (Flux's ``train!``): for each ``batch`` in ``data``, compute
+    ``loss(model, *batch)`` (a tuple batch is splatted; anything else is
+    passed whole, ``loss(model, batch)``) and its gradient with respect to
+    ``model``, then ``update(opt_state, model, grad)``.
+
+    A NaN or Inf loss stops training with ``NonFiniteError`` naming the batch
+    before that batch updates anything, as Flux does. ``progress=True``
+    shows a tqdm bar when tqdm is installed. Returns the list of losses (as
+    Python floats), one per batch."""
+    from .autodiff import withgradient
+
+    if isinstance(opt_state, Rule):
+        raise TypeError(f"train(loss, model, data, opt_state): pass `setup({opt_state!r}, model)`, "
+                        "not the rule itself (Flux's `opt_state = Flux.setup(rule, model)`)")
+    it = data
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            warnings.warn("train(progress=True) needs the `tqdm` package; training without a progress bar",
+                          stacklevel=2)
+        else:
+            it = tqdm(data, desc="train", leave=False)
+    losses = []
+    for i, batch in enumerate(it):
+        args = tuple(batch) if isinstance(batch, tuple) else (batch,)
+        value, grads = withgradient(loss, model, *args)
+        v = float(value.item())
+        if not math.isfinite(v):
+            raise NonFiniteError(
+                f"train: the loss is {v} on batch {i} (0-based), stopping training; the model was not "
+                "updated with this batch. Check the data for NaN/Inf, lower the learning rate, or use a "
+                "stabler loss (e.g. logitcrossentropy on logits instead of crossentropy on softmax).")
+        update(opt_state, model, grads[0])
+        losses.append(v)
+        if progress and hasattr(it, "set_postfix"):
+            it.set_postfix(loss=f"{v:.4g}")
+    return losses
