@@ -117,11 +117,21 @@ _COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge"}
 
 
 def _broadcast_shape(name, *shapes):
-    try:
-        return np.broadcast_shapes(*shapes)
-    except ValueError:
-        raise ShapeError(f"`{name}`: shapes {' and '.join(map(str, shapes))} do not broadcast "
-                         "(trailing dimensions must be equal or 1)") from None
+    """The NumPy broadcast of ``shapes`` (pure Python: this runs on every op)."""
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return first
+    nd = builtins.max(len(s) for s in shapes)
+    out = [1] * nd
+    for s in shapes:
+        for k, d in enumerate(s, nd - len(s)):
+            if d != out[k]:
+                if out[k] != 1 and d != 1:
+                    raise ShapeError(f"`{name}`: shapes {' and '.join(map(str, shapes))} do not broadcast "
+                                     "(trailing dimensions must be equal or 1)")
+                if d != 1:
+                    out[k] = d
+    return tuple(out)
 
 
 def _floating(x, name):

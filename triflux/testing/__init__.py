@@ -80,10 +80,11 @@ def to_torch_layout(array, layout, device="cpu"):
     from ..dtypes import to_torch, is_bfloat16
     a = np.asarray(array)
     tdtype = to_torch(a.dtype)
+    dense = np.array(a, order="C", copy=True)      # (ascontiguousarray would make 0-d arrays 1-d)
     if is_bfloat16(a.dtype):
-        base = torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(torch.bfloat16)
+        base = torch.from_numpy(dense.view(np.int16)).view(torch.bfloat16)
     else:
-        base = torch.from_numpy(np.ascontiguousarray(a).copy())
+        base = torch.from_numpy(dense)
     base = base.to(device)
     if layout == "transposed" and a.ndim >= 2:
         buf = base.permute(*reversed(range(a.ndim))).contiguous()

@@ -1,0 +1,263 @@
+"""Optimiser updates: several consecutive steps on both sides, agreement
+with ``torch.optim`` where the formulas coincide, in-place writes through any
+layout, and the errors.
+
+Mapping to ``torch.optim`` (all checked below, x and every state):
+
+* ``descent_update``  = ``SGD(lr=eta)``.
+* ``momentum_update`` = ``SGD(lr=eta, momentum=rho)``; Optimisers.jl keeps the
+  velocity with the learning rate folded in: ``v = eta * momentum_buffer``.
+* ``nesterov_update`` = ``SGD(lr=eta, momentum=rho, nesterov=True)`` with
+  ``v = -eta * momentum_buffer`` (Optimisers.jl stores it negated).
+* ``adam_update``     = ``Adam(lr=eta, betas=(beta1, beta2), eps=epsilon)``:
+  ``m = exp_avg``, ``v = exp_avg_sq``.
+* ``adamw_update``    = ``AdamW(..., weight_decay=lambd)`` (Optimisers.jl
+  v0.4 couples the decay with the learning rate exactly as torch does; only
+  the defaults differ: lambda 0 there, 0.01 in torch).
+* ``rmsprop_update``  = ``RMSprop(lr=eta, alpha=rho, eps=epsilon)``:
+  ``s = square_avg``.
+
+These hold for a constant learning rate (torch's buffers do not contain it).
+"""
+import numpy as np
+import pytest
+
+from triflux.errors import DTypeError, ShapeError
+from triflux.reference import optimise as ref
+
+pytestmark = pytest.mark.requires_kernels
+
+RULES = {
+    # name: (number of states, hyperparameters)
+    "descent_update": (0, dict(eta=0.1)),
+    "momentum_update": (1, dict(eta=0.05, rho=0.9)),
+    "nesterov_update": (1, dict(eta=0.05, rho=0.9)),
+    "adam_update": (2, dict(eta=0.01, beta1=0.9, beta2=0.999, epsilon=1e-8)),
+    "adamw_update": (2, dict(eta=0.01, beta1=0.9, beta2=0.999, epsilon=1e-8, lambd=0.05)),
+    "rmsprop_update": (1, dict(eta=0.01, rho=0.9, epsilon=1e-8)),
+}
+STEPS = 5
+SHAPE = (5, 7)
+
+
+@pytest.fixture(scope="module")
+def K():
+    from triflux.triton_kernels import optimise
+    return optimise
+
+
+def N(t):
+    from triflux.testing import to_numpy
+    return to_numpy(t)
+
+
+def _gradients(seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(SHAPE) for _ in range(STEPS)]
+
+
+def _attrs(name, step):
+    n_states, hyper = RULES[name]
+    attrs = dict(hyper)
+    if name.startswith("adam"):
+        attrs["step"] = step
+    return attrs
+
+
+def _run_reference(name, dtype=np.float64):
+    n_states, _ = RULES[name]
+    x = np.linspace(-1, 1, np.prod(SHAPE)).reshape(SHAPE).astype(dtype)
+    states = [np.zeros(SHAPE, dtype) for _ in range(n_states)]
+    update = getattr(ref, f"{name}_forward")
+    for t, g in enumerate(_gradients(), start=1):
+        assert update(x, g.astype(dtype), *states, **_attrs(name, t)) is None
+    return x, states
+
+
+# --- several steps on both sides -----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("tdtype, tol", [("float64", 1e-12), ("float32", 1e-5), ("float16", 2e-2)])
+def test_consecutive_steps_match(K, kernel_device, name, tdtype, tol):
+    import torch
+    dt = getattr(torch, tdtype)
+    n_states, _ = RULES[name]
+    x_ref, states_ref = _run_reference(name)
+    # kernel side: x a transposed view, states strided views (all updated in place)
+    x0 = np.linspace(-1, 1, np.prod(SHAPE)).reshape(SHAPE)
+    x = torch.from_numpy(x0.T.copy()).to(kernel_device).to(dt).t()
+    bufs = [torch.zeros(SHAPE[0], 2 * SHAPE[1], dtype=dt, device=kernel_device) for _ in range(n_states)]
+    states = [b[:, ::2] for b in bufs]
+    update = getattr(K, f"{name}_forward")
+    for t, g in enumerate(_gradients(), start=1):
+        gt = torch.from_numpy(g).to(kernel_device).to(dt)
+        assert update(x, gt, *states, **_attrs(name, t)) is None
+    np.testing.assert_allclose(N(x).astype(np.float64), x_ref, rtol=tol, atol=tol)
+    for s, s_ref, b in zip(states, states_ref, bufs):
+        np.testing.assert_allclose(N(s).astype(np.float64), s_ref, rtol=tol, atol=tol)
+        assert (N(b[:, 1::2]) == 0).all()  # the gaps between strided elements are untouched
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_reference_float32_close_to_float64(name):
+    x64, s64 = _run_reference(name, np.float64)
+    x32, s32 = _run_reference(name, np.float32)
+    assert x32.dtype == np.float32 and all(s.dtype == np.float32 for s in s32)
+    np.testing.assert_allclose(x32, x64, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_oracle_matches_reference(name):
+    import torch
+
+    from triflux.testing import optimise as oracles
+    n_states, _ = RULES[name]
+    rng = np.random.default_rng(3)
+    x, g = rng.standard_normal(SHAPE), rng.standard_normal(SHAPE)
+    states = [rng.uniform(0.1, 1.0, SHAPE) for _ in range(n_states)]
+    attrs = _attrs(name, 3)
+    tensors = [torch.from_numpy(a.copy()) for a in (x, g, *states)]
+    new = getattr(oracles, f"{name}_torch")(*tensors, **attrs)
+    for t, a in zip(tensors, (x, g, *states)):
+        np.testing.assert_array_equal(t.numpy(), a)  # the oracle mutates nothing
+    getattr(ref, f"{name}_forward")(x, g, *states, **attrs)
+    assert len(new) == 1 + n_states == len(oracles.MUTATED[name])
+    for t, a in zip(new, (x, *states)):
+        np.testing.assert_allclose(t.numpy(), a, rtol=1e-13, atol=1e-13)
+
+
+# --- torch.optim ---------------------------------------------------------------------------------
+
+def _torch_optimizer(name, p):
+    import torch
+    h = RULES[name][1]
+    if name == "descent_update":
+        return torch.optim.SGD([p], lr=h["eta"])
+    if name in ("momentum_update", "nesterov_update"):
+        return torch.optim.SGD([p], lr=h["eta"], momentum=h["rho"], nesterov=name == "nesterov_update")
+    if name == "adam_update":
+        return torch.optim.Adam([p], lr=h["eta"], betas=(h["beta1"], h["beta2"]), eps=h["epsilon"])
+    if name == "adamw_update":
+        return torch.optim.AdamW([p], lr=h["eta"], betas=(h["beta1"], h["beta2"]), eps=h["epsilon"],
+                                 weight_decay=h["lambd"])
+    return torch.optim.RMSprop([p], lr=h["eta"], alpha=h["rho"], eps=h["epsilon"])
+
+
+def _torch_states(name, state):
+    eta = RULES[name][1]["eta"]
+    if name == "momentum_update":
+        return [eta * state["momentum_buffer"]]
+    if name == "nesterov_update":
+        return [-eta * state["momentum_buffer"]]
+    if name.startswith("adam"):
+        return [state["exp_avg"], state["exp_avg_sq"]]
+    if name == "rmsprop_update":
+        return [state["square_avg"]]
+    return []
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_matches_torch_optim(K, kernel_device, name):
+    import torch
+    x_ref, states_ref = _run_reference(name)
+    p = torch.nn.Parameter(torch.linspace(-1, 1, int(np.prod(SHAPE)), dtype=torch.float64).reshape(SHAPE))
+    opt = _torch_optimizer(name, p)
+    for g in _gradients():
+        p.grad = torch.from_numpy(g)
+        opt.step()
+    np.testing.assert_allclose(p.detach().numpy(), x_ref, rtol=1e-12, atol=1e-12)
+    for s, s_ref in zip(_torch_states(name, opt.state[p]), states_ref):
+        np.testing.assert_allclose(s.detach().numpy(), s_ref, rtol=1e-12, atol=1e-12)
+
+
+# --- edge cases ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["adam_update", "adamw_update", "rmsprop_update"])
+@pytest.mark.parametrize("tdtype", ["float16", "bfloat16", "float32"])
+def test_zero_gradient_and_state_no_nan(K, kernel_device, name, tdtype):
+    """epsilon = 1e-8 underflows in float16; computing in float32 keeps
+    0 / (0 + epsilon) = 0 rather than 0/0."""
+    import torch
+    dt = getattr(torch, tdtype)
+    n_states, _ = RULES[name]
+    x = torch.ones(SHAPE, dtype=dt, device=kernel_device)
+    g = torch.zeros(SHAPE, dtype=dt, device=kernel_device)
+    states = [torch.zeros(SHAPE, dtype=dt, device=kernel_device) for _ in range(n_states)]
+    getattr(K, f"{name}_forward")(x, g, *states, **_attrs(name, 1))
+    expected = 1.0 - (0.01 * 0.05 if name == "adamw_update" else 0.0)
+    np.testing.assert_allclose(N(x).astype(np.float64), expected, rtol=1e-2)
+    xr, gr = np.ones(SHAPE, np.float16), np.zeros(SHAPE, np.float16)
+    sr = [np.zeros(SHAPE, np.float16) for _ in range(n_states)]
+    getattr(ref, f"{name}_forward")(xr, gr, *sr, **_attrs(name, 1))
+    assert np.isfinite(xr).all() and xr.dtype == np.float16
+
+
+def test_empty_and_scalar_parameters(K, kernel_device):
+    import torch
+    e = torch.zeros(0, 3, device=kernel_device)
+    K.adam_update_forward(e, e, e, e, **_attrs("adam_update", 1))
+    s = torch.tensor(2.0, device=kernel_device)
+    K.descent_update_forward(s, torch.tensor(1.0, device=kernel_device), eta=0.5)
+    assert N(s).item() == 1.5
+    sr = np.array(2.0)
+    ref.descent_update_forward(sr, np.array(1.0), eta=0.5)
+    assert sr.item() == 1.5
+
+
+def test_errors(K, kernel_device):
+    import torch
+    x = torch.zeros(3, 4, device=kernel_device)
+    with pytest.raises(ShapeError):
+        K.momentum_update_forward(x, torch.zeros(3, 4, device=kernel_device), torch.zeros(4, 3, device=kernel_device),
+                                  eta=0.1, rho=0.9)
+    with pytest.raises(DTypeError):
+        K.descent_update_forward(x, torch.zeros(3, 4, dtype=torch.float64, device=kernel_device), eta=0.1)
+    with pytest.raises(DTypeError):
+        K.descent_update_forward(torch.zeros(3, dtype=torch.int32, device=kernel_device),
+                                 torch.zeros(3, dtype=torch.int32, device=kernel_device), eta=0.1)
+    with pytest.raises(ShapeError):  # a broadcast parameter cannot be written in place
+        K.descent_update_forward(torch.zeros(1, 4, device=kernel_device).expand(3, 4),
+                                 torch.zeros(3, 4, device=kernel_device), eta=0.1)
+    for step in (0, -1, 1.5):
+        for fn, z in ((K.adam_update_forward, x), (ref.adam_update_forward, np.zeros((3, 4), np.float32))):
+            with pytest.raises(ValueError):
+                fn(z, z, z, z, eta=0.1, beta1=0.9, beta2=0.999, epsilon=1e-8, step=step)
+
+
+# --- torch only allocates and makes views --------------------------------------------------------
+
+#: aten ops that allocate or describe a view (plus new_empty/set_/copy_, which
+#: the Triton interpreter itself uses to stage kernel arguments)
+MEMORY_OPS = {"empty.memory_format", "new_empty.default", "set_.source_Storage",
+              "set_.source_Storage_storage_offset", "copy_.default", "view.default",
+              "as_strided.default", "permute.default", "expand.default", "slice.Tensor"}
+
+
+def torch_ops(fn):
+    """The aten ops torch ran during ``fn()``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(f"{func.overloadpacket.__name__}.{func._overloadname}")
+            return func(*args, **(kwargs or {}))
+
+    with Record() as r:
+        fn()
+    return r.ops
+
+
+def test_torch_only_allocates(K, kernel_device):
+    import torch
+    ts = [torch.ones(4, 6, device=kernel_device).t() for _ in range(4)]  # set-up
+
+    def work():
+        for name, (n_states, _) in RULES.items():
+            getattr(K, f"{name}_forward")(*ts[:2 + n_states], **_attrs(name, 2))
+
+    computed = torch_ops(work) - MEMORY_OPS
+    assert not computed, f"torch computed: {sorted(computed)}"
