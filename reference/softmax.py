@@ -1,0 +1,88 @@
+"""Softmax family, NumPy reference (forward and backward).
+
+All three work along one ``axis`` of an array of any rank and are
+numerically stable: the row maximum ``m`` is subtracted before ``exp``, so
+logits of +-1e4 give exact results. ``-inf`` entries are allowed (masking):
+they get probability 0. A row that is entirely ``-inf`` has no distribution;
+as in torch, ``softmax``/``logsoftmax`` give NaN there and ``logsumexp``
+gives ``-inf``.
+"""
+import numpy as np
+
+from ..errors import ShapeError
+
+
+def _axis(x, axis):
+    if isinstance(axis, (tuple, list)):
+        if len(axis) != 1:
+            raise ShapeError(f"the softmax family works along one axis, got axis={axis}")
+        axis = axis[0]
+    axis = int(axis)
+    nd = x.ndim
+    if nd == 0:
+        raise ShapeError("the softmax family needs an array of at least one dimension")
+    if not -nd <= axis < nd:
+        raise ShapeError(f"axis {axis} is out of range for an array of shape {x.shape}")
+    return axis % nd
+
+
+def _row_max(x, axis):
+    """max(x) along ``axis`` (keepdims), with -inf rows shifted by 0 instead of
+    -inf so that the all -inf row yields exp(-inf) = 0, not NaN."""
+    m = np.max(x, axis=axis, keepdims=True)
+    return np.where(np.isneginf(m), np.zeros_like(m), m)
+
+
+def softmax_forward(x, axis):
+    """y_i = exp(x_i - m) / sum_j exp(x_j - m),   m = max_j x_j  (along ``axis``)."""
+    axis = _axis(x, axis)
+    if x.shape[axis] == 0:
+        return x.copy()
+    e = np.exp(x - _row_max(x, axis))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def softmax_backward(grad, out, x, axis):
+    """With y = softmax(x) and g = dL/dy:   dx = y * (g - sum_j g_j y_j)."""
+    axis = _axis(x, axis)
+    y, g = out, grad
+    return (y * (g - (g * y).sum(axis=axis, keepdims=True)),)
+
+
+def logsoftmax_forward(x, axis):
+    """y_i = x_i - m - log(sum_j exp(x_j - m)),   m = max_j x_j."""
+    axis = _axis(x, axis)
+    if x.shape[axis] == 0:
+        return x.copy()
+    shifted = x - _row_max(x, axis)
+    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+
+def logsoftmax_backward(grad, out, x, axis):
+    """With y = logsoftmax(x) and g = dL/dy:   dx = g - exp(y) * sum_j g_j."""
+    axis = _axis(x, axis)
+    y, g = out, grad
+    return (g - np.exp(y) * g.sum(axis=axis, keepdims=True),)
+
+
+def logsumexp_forward(x, axis, keepdims=False):
+    """y = m + log(sum_j exp(x_j - m)),   m = max_j x_j  (an empty row gives -inf)."""
+    axis = _axis(x, axis)
+    if x.shape[axis] == 0:
+        shape = list(x.shape)
+        shape[axis] = 1
+        y = np.full(shape, -np.inf, dtype=x.dtype)
+    else:
+        m = _row_max(x, axis)
+        y = m + np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+    return y if keepdims else np.squeeze(y, axis=axis)
+
+
+def logsumexp_backward(grad, out, x, axis, keepdims=False):
+    """With y = logsumexp(x) and g = dL/dy:   dx_i = g * exp(x_i - y)
+    (g and y broadcast along ``axis``): the softmax of x, scaled by g."""
+    axis = _axis(x, axis)
+    g, y = grad, out
+    if not keepdims:
+        g, y = np.expand_dims(g, axis), np.expand_dims(y, axis)
+    return ((g * np.exp(x - y)).astype(x.dtype, copy=False),)

@@ -1,0 +1,276 @@
+"""matmul family: the cases the generic property suite does not pin down.
+
+Every rank combination of NumPy's matmul, broadcast batch axes, transposed
+and strided operands read in place (no copy), empty sides, half precision
+against torch by ratio, the GPU tile configuration run in the interpreter,
+and torch doing nothing but allocate and make views.
+"""
+import numpy as np
+import pytest
+
+from triflux import backend
+from triflux.errors import DTypeError, ShapeError
+from triflux.reference import matmul as ref
+
+if not backend.functional("CUDA"):
+    pytest.skip("no functional GPU backend (set TRITON_INTERPRET=1 to use the interpreter)",
+                allow_module_level=True)
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
+
+from triflux.triton_kernels import common  # noqa: E402
+from triflux.triton_kernels import matmul as km  # noqa: E402
+
+DEVICE = "cpu" if common.INTERPRET else "cuda"
+
+
+def _t(array, dtype=torch.float32):
+    return torch.from_numpy(np.asarray(array, dtype=np.float64)).to(dtype).to(DEVICE)
+
+
+def _np(t):
+    return t.detach().to("cpu").double().numpy()
+
+
+def _rand(shape, seed=0):
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, shape)
+
+
+SHAPES = [
+    ((5,), (5,)),                    # inner product -> 0-d
+    ((1,), (1,)),
+    ((3, 5), (5,)),                  # matrix @ vector
+    ((5,), (5, 7)),                  # vector @ matrix
+    ((6, 5), (5, 4)),
+    ((1, 1), (1, 1)),
+    ((17, 13), (13, 33)),
+    ((2, 1, 5, 3), (4, 3, 7)),       # broadcast batch axes
+    ((7, 3, 5), (5, 4)),             # batched @ matrix (folded into one product)
+    ((3, 5), (7, 5, 4)),             # matrix @ batched
+    ((1, 4, 3), (2, 3, 5)),
+    ((2, 5, 3), (3,)),               # batched @ vector
+    ((3,), (4, 3, 2)),               # vector @ batched
+    ((2, 3, 1, 2, 3), (3, 1, 3, 2)),  # more batch axes than one
+]
+
+
+@pytest.mark.parametrize("sa,sb", SHAPES)
+def test_shapes_forward_backward(sa, sb):
+    a, b = _rand(sa, 1), _rand(sb, 2)
+    c = km.matmul_forward(_t(a), _t(b))
+    expect = np.matmul(a, b)
+    assert tuple(c.shape) == expect.shape and c.dtype == torch.float32
+    np.testing.assert_allclose(_np(c), expect, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ref.matmul_forward(a, b), expect, rtol=1e-12, atol=1e-12)
+
+    g = _rand(expect.shape, 3)
+    da, db = km.matmul_backward(_t(g), c, _t(a), _t(b))
+    ra, rb = ref.matmul_backward(g, expect, a, b)
+    ta, tb = torch.from_numpy(a).requires_grad_(), torch.from_numpy(b).requires_grad_()
+    torch.matmul(ta, tb).backward(torch.from_numpy(np.asarray(g)))
+    np.testing.assert_allclose(ra, ta.grad.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(rb, tb.grad.numpy(), rtol=1e-12, atol=1e-12)
+    assert tuple(da.shape) == sa and tuple(db.shape) == sb
+    np.testing.assert_allclose(_np(da), ra, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_np(db), rb, rtol=1e-5, atol=1e-5)
+
+
+def test_float64_is_exact_enough():
+    a, b = _rand((3, 17, 33), 4), _rand((33, 9), 5)
+    c = km.matmul_forward(_t(a, torch.float64), _t(b, torch.float64))
+    assert c.dtype == torch.float64
+    np.testing.assert_allclose(_np(c), a @ b, rtol=1e-13, atol=1e-13)
+
+
+class _Launches:
+    """Records the tensors each kernel launch receives."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        real = common.launch
+
+        def launch(kernel, grid, *args, **meta):
+            self.calls.append([x for x in args if isinstance(x, torch.Tensor)])
+            return real(kernel, grid, *args, **meta)
+        monkeypatch.setattr(common, "launch", launch)
+
+    def inputs(self, i=0):
+        return self.calls[i]
+
+
+def _no_copies(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("matmul copied an operand")
+    monkeypatch.setattr(common, "contiguous", refuse)
+    monkeypatch.setattr(common, "copy_into", refuse)
+    monkeypatch.setattr(common, "cast", refuse)
+
+
+@pytest.mark.parametrize("which", ["a.T", "b.T", "both.T", "strided", "batch-strided", "expanded"])
+def test_views_are_read_in_place(monkeypatch, which):
+    """Transposed, strided and broadcast (stride 0) operands go to the kernel
+    as they are: no contiguous copy, the launch sees the original storage."""
+    base_a, base_b = _t(_rand((13, 7), 6)), _t(_rand((7, 11), 7))
+    if which == "a.T":
+        a, b = _t(_rand((7, 13), 6)).T, base_b                  # a: a (13, 7) view
+    elif which == "b.T":
+        a, b = base_a, _t(_rand((11, 7), 8)).T
+    elif which == "both.T":
+        a, b = _t(_rand((7, 13), 6)).T, _t(_rand((11, 7), 8)).T
+    elif which == "strided":
+        a, b = _t(_rand((13, 14), 6))[:, ::2], _t(_rand((14, 11), 8))[::2]
+    elif which == "batch-strided":
+        a = _t(_rand((6, 13, 7), 6))[::2]                  # (3, 13, 7), batch stride doubled
+        b = _t(_rand((3, 11, 7), 8)).transpose(1, 2)       # (3, 7, 11) transposed
+    else:
+        a = base_a.unsqueeze(0).expand(4, 13, 7)           # stride 0 batch axis
+        b = _t(_rand((4, 7, 11), 8))
+    assert not (a.is_contiguous() and b.is_contiguous())
+    expect = np.matmul(_np(a), _np(b))
+    rec = _Launches(monkeypatch)
+    _no_copies(monkeypatch)
+    c = km.matmul_forward(a, b)
+    np.testing.assert_allclose(_np(c), expect, rtol=1e-5, atol=1e-5)
+    assert len(rec.calls) == 1
+    got_a, got_b = rec.inputs()[:2]
+    assert got_a.data_ptr() == a.data_ptr() and got_b.data_ptr() == b.data_ptr()
+
+
+def test_backward_reads_views_in_place(monkeypatch):
+    """dA = G @ B^T and dB = A^T @ G: transposed views, no copies."""
+    a, b = _t(_rand((13, 7), 6)), _t(_rand((11, 7), 8)).T
+    g = _t(_rand((13, 11), 9))
+    c = km.matmul_forward(a, b)
+    _no_copies(monkeypatch)
+    rec = _Launches(monkeypatch)
+    da, db = km.matmul_backward(g, c, a, b)
+    ra, rb = ref.matmul_backward(_np(g), _np(c), _np(a), _np(b))
+    np.testing.assert_allclose(_np(da), ra, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_np(db), rb, rtol=1e-5, atol=1e-5)
+    assert len(rec.calls) >= 2
+    for call in rec.calls[:2]:
+        ptrs = {t.data_ptr() for t in call[:2]}
+        assert ptrs <= {a.data_ptr(), b.data_ptr(), g.data_ptr()}
+
+
+def test_empty_sides():
+    z = km.matmul_forward(_t(np.ones((3, 0))), _t(np.ones((0, 4))))       # K = 0
+    assert tuple(z.shape) == (3, 4) and not _np(z).any()
+    z = km.matmul_forward(_t(np.ones((0,))), _t(np.ones((0,))))           # 0-d zero
+    assert tuple(z.shape) == () and _np(z) == 0
+    for sa, sb, so in [((0, 3), (3, 4), (0, 4)), ((3, 4), (4, 0), (3, 0)),
+                       ((0, 2, 3), (3, 4), (0, 2, 4)), ((2, 0, 3), (1, 3, 5), (2, 0, 5)),
+                       ((5, 3), (0, 3, 2), (0, 5, 2))]:
+        a, b = _t(np.ones(sa)), _t(np.ones(sb))
+        c = km.matmul_forward(a, b)
+        assert tuple(c.shape) == so
+        g = _t(np.ones(so))
+        da, db = km.matmul_backward(g, c, a, b)
+        ra, rb = ref.matmul_backward(np.ones(so), np.ones(so), np.ones(sa), np.ones(sb))
+        assert tuple(da.shape) == sa and tuple(db.shape) == sb
+        np.testing.assert_array_equal(_np(da), ra)
+        np.testing.assert_array_equal(_np(db), rb)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_within_ratio_of_torch(dtype):
+    """The kernel's error against float64 stays within 2x of torch's own in
+    the same dtype (plus a half-ulp floor of the output)."""
+    a = _t(_rand((3, 19, 67), 10), dtype)
+    b = _t(_rand((67, 21), 11), dtype)
+    a64, b64 = _np(a), _np(b)
+    exact = a64 @ b64
+    c = km.matmul_forward(a, b)
+    assert c.dtype == dtype
+    torch_c = torch.matmul(a.cpu(), b.cpu()).double().numpy()
+    ulp = np.abs(exact).max() * (2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11)
+    err = np.abs(_np(c) - exact).max()
+    assert err <= 2 * np.abs(torch_c - exact).max() + ulp
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_backward_sums_broadcast_batch_once(dtype):
+    """Gradients of broadcast operands are batch sums: kept in float32 until
+    the sum is done, so they are rounded once, like torch's."""
+    a = _t(_rand((8, 1, 9, 13), 20), dtype)
+    b = _t(_rand((1, 6, 13, 11), 21), dtype)
+    g = _t(_rand((8, 6, 9, 11), 22), dtype)
+    ra, rb = ref.matmul_backward(_np(g), None, _np(a), _np(b))
+    da, db = km.matmul_backward(g, None, a, b)
+    ta, tb = a.cpu().clone().requires_grad_(), b.cpu().clone().requires_grad_()
+    torch.matmul(ta, tb).backward(g.cpu())
+    u = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    for mine, theirs, exact in [(da, ta.grad, ra), (db, tb.grad, rb)]:
+        assert mine.dtype == dtype
+        err = np.abs(_np(mine) - exact).max()
+        # one rounding: within half an ulp, i.e. u relative (torch rounds each
+        # batch item's product and then the sum, and exceeds that here)
+        assert err <= u * np.abs(exact).max()
+        assert err <= 2 * np.abs(theirs.double().numpy() - exact).max()
+
+
+def test_gpu_tiles_in_the_interpreter(monkeypatch):
+    """The GPU's configuration (one batch item per program, tiles smaller than
+    the problem, several K steps, grouped tile order) computes the same."""
+    for dtype, tiles in [(torch.float32, (1, 16, 16, 8, 4)), (torch.float64, (1, 16, 16, 8, 4)),
+                         (torch.float16, (1, 16, 16, 16, 4)), (torch.float32, (4, 16, 16, 8, 4))]:
+        monkeypatch.setattr(km, "_tiles", lambda *args, _t=tiles: _t)
+        a = _t(_rand((2, 23, 20), 12), dtype).transpose(1, 2)     # (2, 20, 23)
+        b = _t(_rand((2, 1, 23, 41), 13), dtype)[:, :, :, ::2]    # (2, 1, 23, 21)
+        c = km.matmul_forward(a, b)
+        expect = np.matmul(_np(a), _np(b))
+        tol = 1e-12 if dtype == torch.float64 else 1e-2 if dtype == torch.float16 else 1e-5
+        np.testing.assert_allclose(_np(c), expect, rtol=tol, atol=tol)
+
+
+def test_errors():
+    with pytest.raises(ShapeError, match="inner sizes"):
+        km.matmul_forward(_t(np.ones((2, 3))), _t(np.ones((4, 2))))
+    with pytest.raises(ShapeError, match="do not broadcast"):
+        km.matmul_forward(_t(np.ones((2, 2, 3))), _t(np.ones((3, 3, 2))))
+    with pytest.raises(ShapeError, match="scalar"):
+        km.matmul_forward(_t(np.ones(())), _t(np.ones((3,))))
+    with pytest.raises(DTypeError, match="same dtype"):
+        km.matmul_forward(_t(np.ones((2, 3))), _t(np.ones((3, 2)), torch.float64))
+    with pytest.raises(ShapeError, match="inner sizes"):
+        ref.matmul_forward(np.ones((2, 3)), np.ones((4, 2)))
+    with pytest.raises(DTypeError):
+        ref.matmul_forward(np.ones((2, 3), np.float32), np.ones((3, 2)))
+
+
+_ALLOWED_TORCH_OPS = {"empty", "empty_strided", "view", "_unsafe_view", "unsqueeze", "squeeze",
+                      "transpose", "t", "permute", "expand", "as_strided", "slice", "select",
+                      "alias", "detach"}
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_torch_only_allocates_and_views(monkeypatch):
+    real = common.launch
+
+    def launch(*args, **kw):            # the interpreter itself copies; not us
+        with _disable_current_modes():
+            return real(*args, **kw)
+    monkeypatch.setattr(common, "launch", launch)
+    a = _t(_rand((2, 1, 5, 3), 14)).transpose(-1, -2).contiguous().transpose(-1, -2)
+    b = _t(_rand((4, 3, 7), 15))
+    v = _t(_rand((3,), 16))
+    g = _t(_rand((2, 4, 5, 7), 17))
+    e = _t(np.ones((3, 0)))
+    with _Ops() as ops:
+        c = km.matmul_forward(a, b)
+        km.matmul_backward(g, c, a, b)
+        w = km.matmul_forward(a, v)
+        km.matmul_backward(w, w, a, v)
+        km.matmul_forward(a[0, 0], e)
+    assert "empty" in ops.names                       # the recorder sees allocations
+    assert ops.names <= _ALLOWED_TORCH_OPS, ops.names - _ALLOWED_TORCH_OPS

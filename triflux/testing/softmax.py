@@ -1,0 +1,75 @@
+"""Strategies and torch oracles for the softmax family (softmax, logsoftmax,
+logsumexp).
+
+Inputs: 1- to 4-d arrays with awkward sides (0 and 1 included), a random
+axis (first, middle, last; sometimes negative), random memory layouts, and in
+about one draw in four extreme logits of +-1e4 mixed with ordinary ones (the
+case a naive ``exp`` overflows on).
+"""
+from . import Case, layouts_for, shapes
+
+#: the extreme logit a naive exp(x) / sum(exp(x)) overflows on
+EXTREME = 1e4
+
+
+def _logits(shape, extreme):
+    import numpy as np
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+
+    ordinary = st.floats(-4.0, 4.0, allow_nan=False, allow_infinity=False, width=64)
+    if extreme:
+        elements = st.one_of(ordinary, ordinary, st.sampled_from([EXTREME, -EXTREME]))
+    else:
+        elements = ordinary
+    return hnp.arrays(np.float64, shape, elements=elements)
+
+
+def _case(st, draw, with_keepdims):
+    shape = draw(shapes(min_dims=1, max_dims=4, min_side=0, max_side=17))
+    size = 1
+    for s in shape:
+        size *= s
+    if size > 3000:                       # keep the interpreter fast
+        shape = tuple(min(s, 5) for s in shape)
+    nd = len(shape)
+    axis = draw(st.integers(0, nd - 1))
+    if draw(st.integers(0, 5)) == 0:
+        axis -= nd                        # the negative spelling, now and then
+    extreme = draw(st.integers(0, 3)) == 0
+    x = draw(_logits(shape, extreme))
+    attrs = {"axis": axis}
+    if with_keepdims:
+        attrs["keepdims"] = draw(st.booleans())
+    return Case(inputs=(x,), attrs=attrs, layouts=draw(layouts_for(1)),
+                note=f"{shape} axis={axis}" + (" extreme" if extreme else ""))
+
+
+def softmax_strategy(dtype):
+    from hypothesis import strategies as st
+    return st.composite(lambda draw: _case(st, draw, False))()
+
+
+def logsoftmax_strategy(dtype):
+    from hypothesis import strategies as st
+    return st.composite(lambda draw: _case(st, draw, False))()
+
+
+def logsumexp_strategy(dtype):
+    from hypothesis import strategies as st
+    return st.composite(lambda draw: _case(st, draw, True))()
+
+
+def softmax_torch(x, axis):
+    import torch
+    return torch.softmax(x, axis)
+
+
+def logsoftmax_torch(x, axis):
+    import torch
+    return torch.log_softmax(x, axis)
+
+
+def logsumexp_torch(x, axis, keepdims=False):
+    import torch
+    return torch.logsumexp(x, axis, keepdim=keepdims)
