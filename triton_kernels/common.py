@@ -128,17 +128,34 @@ def nd_offset(lin, D1, D2, D3, D4, D5, S0, S1, S2, S3, S4, S5):
 
 
 @triton.jit
+def store_value(v, OUT: tl.constexpr, INTERP: tl.constexpr):
+    """``v`` (computed in float32/float64 or an integer type) converted for a
+    store into an ``OUT`` tensor: booleans as ``v != 0``; bfloat16 through
+    float32 with round-to-nearest-even (the interpreter truncates float32 to
+    bfloat16 and garbles float64 to bfloat16; GPUs round correctly)."""
+    if OUT == tl.int1:
+        v = v != 0
+    elif OUT == tl.bfloat16:
+        v = v.to(tl.float32)
+        if INTERP:
+            b = v.to(tl.uint32, bitcast=True)
+            r = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+            v = tl.where(v != v, v, r.to(tl.float32, bitcast=True))
+    return v.to(OUT)
+
+
+@triton.jit
 def _copy_kernel(src, src_off, dst, dst_off, n,
                  D1, D2, D3, D4, D5,
                  A0, A1, A2, A3, A4, A5,
                  B0, B1, B2, B3, B4, B5,
-                 BLOCK: tl.constexpr):
+                 INTERP: tl.constexpr, BLOCK: tl.constexpr):
     lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = lin < n
     so = nd_offset(lin, D1, D2, D3, D4, D5, A0, A1, A2, A3, A4, A5)
     do = nd_offset(lin, D1, D2, D3, D4, D5, B0, B1, B2, B3, B4, B5)
     x = tl.load(src + src_off + so, mask=mask)
-    tl.store(dst + dst_off + do, x.to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + dst_off + do, store_value(x, dst.dtype.element_ty, INTERP), mask=mask)
 
 
 def copy_into(dst, src, src_strides=None, src_offset=0, dst_strides=None, dst_offset=0, shape=None):
@@ -159,7 +176,7 @@ def copy_into(dst, src, src_strides=None, src_offset=0, dst_strides=None, dst_of
     mshape, (a, b) = merge_dims(shape, a, b)
     block = block_for(n)
     launch(_copy_kernel, (cdiv(n, block),), src, src_offset, dst, dst_offset, n,
-           *mshape[1:], *a, *b, BLOCK=block)
+           *mshape[1:], *a, *b, INTERP=INTERPRET, BLOCK=block)
     return dst
 
 
@@ -186,14 +203,14 @@ def compute_type(dtype):
 
 
 @triton.jit
-def _full_kernel(dst, hi, lo, n, BLOCK: tl.constexpr):
+def _full_kernel(dst, hi, lo, n, INTERP: tl.constexpr, BLOCK: tl.constexpr):
     lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     if dst.dtype.element_ty == tl.float64:
         # Triton passes Python floats as float32: the value arrives as hi + lo
         v = tl.full((BLOCK,), hi, tl.float64) + tl.full((BLOCK,), lo, tl.float64)
     else:  # via float32: the interpreter cannot convert float64 to bfloat16
         v = tl.full((BLOCK,), hi, tl.float32)
-    tl.store(dst + lin, v.to(dst.dtype.element_ty), mask=lin < n)
+    tl.store(dst + lin, store_value(v, dst.dtype.element_ty, INTERP), mask=lin < n)
 
 
 def split_float(value):
@@ -215,5 +232,5 @@ def full(shape, value, dtype, device):
             raise ValueError(f"fill value {value} is not exact through float32; integer fills must be below 2**24")
         hi, lo = split_float(value)
         block = block_for(n)
-        launch(_full_kernel, (cdiv(n, block),), out, hi, lo, n, BLOCK=block)
+        launch(_full_kernel, (cdiv(n, block),), out, hi, lo, n, INTERP=INTERPRET, BLOCK=block)
     return out

@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from . import common
-from .reduce import store_value, unbroadcast
+from .common import store_value
+from .reduce import unbroadcast
 from ..errors import DTypeError, ShapeError
 
 # dot flavours (constexpr)

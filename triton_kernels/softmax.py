@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from . import common
-from .reduce import store_value
+from .common import store_value
 from ..errors import DTypeError, ShapeError
 
 _SOFTMAX, _LOGSOFTMAX, _LOGSUMEXP = 0, 1, 2
