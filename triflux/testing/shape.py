@@ -96,9 +96,11 @@ def _getitem_case(draw):
         else:
             items.append(draw(_slice(side)))
     if draw(st.booleans()):
-        # an Ellipsis standing for a run of whole axes (possibly none)
-        a = draw(st.integers(0, n_used))
-        b = draw(st.integers(a, n_used))
+        # an Ellipsis standing for a run of whole axes (possibly none); items after
+        # it index the trailing axes, so first spell out every axis
+        items += [slice(None)] * (x.ndim - n_used)
+        a = draw(st.integers(0, len(items)))
+        b = draw(st.integers(a, len(items)))
         items[a:b] = [Ellipsis]
     for _ in range(draw(st.integers(0, 2))):  # np.newaxis anywhere
         items.insert(draw(st.integers(0, len(items))), None)
