@@ -6,6 +6,8 @@ semantics, error messages. Each compares the reference, the kernel (Triton
 interpreter unless TRIFLUX_TEST_REAL_GPU=1) and torch.
 """
 import numpy as np
+
+from torch_ops import assert_torch_only_moves_memory
 import pytest
 
 from triflux import dtypes as tfd
@@ -404,36 +406,6 @@ def test_reference_keeps_low_precision_dtypes():
 
 # --- torch only allocates -------------------------------------------------------------------
 
-#: aten ops that allocate, describe a view or stage bytes (the interpreter uses
-#: new_empty/set_/copy_ to stage kernel arguments); see test_torch_only_allocates.py
-ALLOWED = {
-    "empty.memory_format", "empty_strided.default", "new_empty.default",
-    "new_empty_strided.default", "copy_.default", "_to_copy.default", "set_.source_Storage",
-    "set_.source_Storage_storage_offset", "view.default", "_unsafe_view.default",
-    "as_strided.default", "permute.default", "transpose.int", "t.default", "expand.default",
-    "slice.Tensor", "select.int", "unsqueeze.default", "squeeze.dim", "squeeze.default",
-    "alias.default", "detach.default", "_reshape_alias.default", "lift_fresh.default",
-    "_local_scalar_dense.default", "unbind.int", "split.Tensor", "narrow.default",
-}
-
-
-def record_torch_ops(fn):
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Record(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.add(f"{func.overloadpacket.__name__}.{func._overloadname}")
-            return func(*args, **(kwargs or {}))
-
-    with Record() as rec:
-        fn()
-    return rec.ops
-
-
 def test_kernels_use_torch_only_for_memory(K, kernel_device):
     rng = np.random.default_rng(4)
     x = tt(rng.uniform(0.5, 2, (4, 6)), kernel_device, "float16").t()
@@ -454,5 +426,4 @@ def test_kernels_use_torch_only_for_memory(K, kernel_device):
         y = K.cast_forward(x, tfd.as_dtype("bfloat16"))
         K.cast_backward(y, y, x, tfd.as_dtype("bfloat16"))
 
-    computed = sorted(record_torch_ops(work) - ALLOWED)
-    assert not computed, f"torch computed in the elementwise kernels: {computed}"
+    assert_torch_only_moves_memory(work, "the elementwise kernels")

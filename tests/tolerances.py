@@ -159,20 +159,21 @@ ACCUMULATION_C = 4.0
 #: small error relative to sum |terms|. So for these the error is measured
 #: against max(||e||, ||f(|x|)||). Only for accumulating directions: a plain
 #: elementwise a+b is computed exactly in float32 and rounded once, so it keeps
-#: the strict relative measure. (maximum/minimum/pow are not multilinear: their
-#: |x| evaluation routes or scales differently and would loosen by accident.)
+#: the strict relative measure.
 MULTILINEAR_FORWARD = {"sum", "mean", "matmul"}
-#: Selections: their backward routes each incoming gradient entry, with a
-#: nonnegative weight (1, or 1/2 on a tie), to the input that won, and sums
-#: over broadcast axes; so backward(|g|) at the *same* inputs is the sum of
-#: the absolute terms, sum |g_j| over the routed positions (where maximum of a
-#: (4, 5, 5, 5) array and a (1, 1) one sums ~500 random-sign terms for b's
-#: gradient, which may cancel to 1e-3 of their size). Evaluated at |x| the
-#: routing would change, hence a separate set.
-SELECTION_BACKWARD = {"maximum", "minimum", "max"}
-MULTILINEAR_BACKWARD = {"add", "sub", "mul", "div", "where", "sum", "mean", "matmul",
-                        "broadcast_to", "reshape", "transpose", "getitem", "concat",
-                        "contiguous"}
+MULTILINEAR_BACKWARD = {"sum", "mean", "matmul", "broadcast_to", "reshape", "transpose",
+                        "getitem", "concat", "contiguous"}
+#: Broadcasting elementwise operations. The gradient of a broadcast input is
+#: a sum over the broadcast axes of per-element terms (g * dy/dx), and each
+#: term carries a relative error of up to u_dtype on its own: the kernel's
+#: backward receives the forward output *rounded to dtype* (pow's
+#: db = sum g * y * log(a) uses y), and the terms may cancel (pow of a
+#: (1, 5, 6, 10) bfloat16 array by a scalar: 300 terms, the sum 500x smaller
+#: than sum |terms|). The achievable bound is u_dtype * sum |terms|, so the
+#: error is measured against that: the reference backward is evaluated on the
+#: inputs broadcast to the output's shape (no sum), and the absolute values
+#: are summed back with unbroadcast. Inputs that are not broadcast get no floor.
+BROADCASTING_ELEMENTWISE = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "where"}
 
 
 def _finite_max(a):
@@ -193,9 +194,15 @@ def magnitude(name, direction, *, inputs, attrs, out=None, grad=None, reference=
     if direction == "backward" and name in MULTILINEAR_BACKWARD:
         grads = reference(np.abs(grad), np.abs(out), *absin, **attrs)
         return tuple(None if g is None else _finite_max(g) for g in grads)
-    if direction == "backward" and name in SELECTION_BACKWARD:
-        grads = reference(np.abs(grad), out, *inputs, **attrs)
-        return tuple(None if g is None else _finite_max(g) for g in grads)
+    if direction == "backward" and name in BROADCASTING_ELEMENTWISE:
+        from triflux.reference._util import unbroadcast
+        shape = np.shape(grad)
+        full = tuple(np.array(np.broadcast_to(x, shape)) for x in inputs)
+        terms = reference(grad, out, *full, **attrs)
+        return tuple(None if t is None or np.shape(t) == np.shape(x)
+                     else _finite_max(unbroadcast(np.abs(np.asarray(t, dtype=np.float64)),
+                                                  np.shape(x)))
+                     for t, x in zip(terms, inputs))
     if direction == "backward" and name == "softmax":
         # dx = y * (g - sum_j g_j y_j): for a constant g the bracket cancels to
         # zero exactly; its terms have size y * (|g| + sum_j |g_j| y_j).
