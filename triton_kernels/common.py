@@ -203,23 +203,14 @@ def compute_type(dtype):
 
 
 @triton.jit
-def _full_kernel(dst, hi, lo, n, INTERP: tl.constexpr, BLOCK: tl.constexpr):
+def _full_kernel(dst, hi, src, n, INTERP: tl.constexpr, BLOCK: tl.constexpr):
     lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     if dst.dtype.element_ty == tl.float64:
-        # Triton passes Python floats as float32: the value arrives as hi + lo
-        v = tl.full((BLOCK,), hi, tl.float64) + tl.full((BLOCK,), lo, tl.float64)
+        # Triton passes Python floats as float32: a float64 value comes in a buffer
+        v = tl.load(src + lin * 0)
     else:  # via float32: the interpreter cannot convert float64 to bfloat16
         v = tl.full((BLOCK,), hi, tl.float32)
     tl.store(dst + lin, store_value(v, dst.dtype.element_ty, INTERP), mask=lin < n)
-
-
-def split_float(value):
-    """``value`` as float32 ``hi`` plus float32 ``lo`` with hi + lo == value to
-    about 1e-15 relative: how a float64 scalar reaches a kernel intact."""
-    import numpy as np
-    hi = float(np.float32(value))
-    lo = float(np.float32(float(value) - hi)) if np.isfinite(hi) else 0.0
-    return hi, lo
 
 
 def full(shape, value, dtype, device):
@@ -230,7 +221,11 @@ def full(shape, value, dtype, device):
     if n:
         if not dtype.is_floating_point and abs(value) >= 2 ** 24:
             raise ValueError(f"fill value {value} is not exact through float32; integer fills must be below 2**24")
-        hi, lo = split_float(value)
+        if dtype == torch.float64:
+            src = torch.tensor([float(value)], dtype=torch.float64).to(out.device)  # a host->device copy
+        else:
+            src = out
         block = block_for(n)
-        launch(_full_kernel, (cdiv(n, block),), out, hi, lo, n, INTERP=INTERPRET, BLOCK=block)
+        launch(_full_kernel, (cdiv(n, block),), out, float(value) if dtype != torch.float64 else 0.0, src, n,
+               INTERP=INTERPRET, BLOCK=block)
     return out
