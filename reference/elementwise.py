@@ -30,13 +30,13 @@ quiet = np.errstate(all="ignore")  # exp(1e4) = inf, log(-1) = nan, ... as on th
 
 
 def _is_float(a):
-    return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
+    return a.dtype.kind == "f" or a.dtype.kind == "V" and a.dtype.name == "bfloat16"
 
 
 def _work(x):
     """``x`` in the dtype the math runs in: float32 for float16/bfloat16."""
     x = np.asarray(x)
-    if x.dtype.name in ("float16", "bfloat16"):
+    if x.dtype.itemsize == 2 and (x.dtype.kind == "f" or x.dtype.name == "bfloat16"):
         return x.astype(np.float32)
     return x
 

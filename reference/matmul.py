@@ -44,7 +44,17 @@ def matmul_forward(a, b):
     return np.asarray(np.matmul(a, b)).astype(a.dtype, copy=False)
 
 
-def matmul_backward(grad, out, a, b):
+def _product_like(x, p, q):
+    """``p @ q`` in ``x``'s dtype and, for a transposed matrix ``x`` (such as
+    Dense's ``weight.T``), in its memory layout: ``(q^T @ p^T)^T``. The
+    gradient then has its parameter's layout, and the optimiser's
+    elementwise updates run on dense memory."""
+    if x.ndim == 2 and x.flags.f_contiguous and not x.flags.c_contiguous:
+        return np.matmul(q.T, p.T).T.astype(x.dtype, copy=False)
+    return np.matmul(p, q).astype(x.dtype, copy=False)
+
+
+def matmul_backward(grad, out, a, b, needs=(True, True)):
     """Adjoint of C = A @ B, with G = dL/dC:
 
         dA = G @ B^T,    dB = A^T @ G
@@ -53,6 +63,7 @@ def matmul_backward(grad, out, a, b):
     matrix (``a`` to ``(1, K)``, ``b`` to ``(K, 1)``) and G gets the matching
     size-1 axes; batch axes that broadcasting added or stretched are summed
     away (``unbroadcast``), so each gradient has its input's shape.
+    ``needs`` says which of (dA, dB) to compute; the other is ``None``.
     """
     a2 = a[None, :] if a.ndim == 1 else a            # (..., M, K)
     b2 = b[:, None] if b.ndim == 1 else b            # (..., K, N)
@@ -61,8 +72,9 @@ def matmul_backward(grad, out, a, b):
         g2 = np.expand_dims(g2, g2.ndim - (0 if b.ndim == 1 else 1))
     if b.ndim == 1:                                  # put back the N axis
         g2 = g2[..., None]
-    da = np.matmul(g2, np.swapaxes(b2, -1, -2)).astype(a.dtype, copy=False)
-    db = np.matmul(np.swapaxes(a2, -1, -2), g2).astype(b.dtype, copy=False)
-    da = unbroadcast(da, a2.shape).reshape(a.shape)
-    db = unbroadcast(db, b2.shape).reshape(b.shape)
+    da = db = None
+    if needs[0]:
+        da = unbroadcast(_product_like(a2, g2, np.swapaxes(b2, -1, -2)), a2.shape).reshape(a.shape)
+    if needs[1]:
+        db = unbroadcast(_product_like(b2, np.swapaxes(a2, -1, -2), g2), b2.shape).reshape(b.shape)
     return da, db

@@ -20,17 +20,26 @@ Defaults in Optimisers.jl (triflux.optimise keeps them): ``Descent(0.1)``,
 0.999), 1e-8)``, ``AdamW(0.001, (0.9, 0.999), lambda=0, 1e-8)``,
 ``RMSProp(0.001, 0.9, 1e-8)``.
 """
+import contextlib
+
 import numpy as np
 
 
-def _compute(a):
-    """``a`` in the type arithmetic happens in: float64 stays, others float32."""
-    return a.astype(np.float64 if a.dtype == np.float64 else np.float32)
+def _compute_type(a):
+    """The type arithmetic happens in: float64 stays, others become float32."""
+    return np.dtype(np.float64 if a.dtype == np.float64 else np.float32)
 
 
-def _store(dst, value):
-    """Write ``value`` into ``dst`` in place, rounding to ``dst``'s dtype."""
-    dst[...] = value.astype(dst.dtype)
+@contextlib.contextmanager
+def _in_compute_type(*arrays):
+    """The arrays as the compute type, to be updated in place. Arrays already
+    of that type are used as they are (no copy); float16/bfloat16 arrays get
+    float32 copies, rounded back into the originals on exit."""
+    work = [a if a.dtype == _compute_type(a) else a.astype(_compute_type(a)) for a in arrays]
+    yield work
+    for a, w in zip(arrays, work):
+        if w is not a:
+            a[...] = w.astype(a.dtype)
 
 
 def descent_update_forward(x, g, *, eta):
@@ -38,9 +47,8 @@ def descent_update_forward(x, g, *, eta):
 
         x <- x - eta * g
     """
-    xc, gc = _compute(x), _compute(g)
-    eta = xc.dtype.type(eta)
-    _store(x, xc - eta * gc)
+    with _in_compute_type(x, g) as (xc, gc):
+        xc -= xc.dtype.type(eta) * gc
 
 
 def momentum_update_forward(x, g, v, *, eta, rho):
@@ -50,12 +58,11 @@ def momentum_update_forward(x, g, v, *, eta, rho):
         v <- rho * v + eta * g
         x <- x - v
     """
-    xc, gc, vc = _compute(x), _compute(g), _compute(v)
-    T = xc.dtype.type
-    eta, rho = T(eta), T(rho)
-    vc = rho * vc + eta * gc
-    _store(v, vc)
-    _store(x, xc - vc)
+    with _in_compute_type(x, g, v) as (xc, gc, vc):
+        T = xc.dtype.type
+        vc *= T(rho)
+        vc += T(eta) * gc
+        xc -= vc
 
 
 def nesterov_update_forward(x, g, v, *, eta, rho):
@@ -66,29 +73,42 @@ def nesterov_update_forward(x, g, v, *, eta, rho):
         v <- rho * v - eta * g
         x <- x - d
     """
-    xc, gc, vc = _compute(x), _compute(g), _compute(v)
-    T = xc.dtype.type
-    eta, rho = T(eta), T(rho)
-    d = -rho ** 2 * vc + (1 + rho) * eta * gc
-    vc = rho * vc - eta * gc
-    _store(v, vc)
-    _store(x, xc - d)
+    with _in_compute_type(x, g, v) as (xc, gc, vc):
+        T = xc.dtype.type
+        eta, rho = T(eta), T(rho)
+        d = -rho ** 2 * vc + (1 + rho) * eta * gc
+        vc *= rho
+        vc -= eta * gc
+        xc -= d
 
 
-def _adam_direction(gc, mc, vc, beta1, beta2, epsilon, step):
-    """The shared Adam moments and step direction (learning rate 1)::
+def _adam_moments(gc, mc, vc, beta1, beta2, scratch):
+    """The Adam moments, in place (``scratch``: a buffer like ``g``)::
 
         m <- beta1 * m + (1 - beta1) * g
         v <- beta2 * v + (1 - beta2) * g^2
-        d  = (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + epsilon)
     """
     T = gc.dtype.type
-    b1, b2, eps = T(beta1), T(beta2), T(epsilon)
+    mc *= T(beta1)
+    mc += np.multiply(gc, T(1 - beta1), out=scratch)
+    vc *= T(beta2)
+    np.multiply(gc, gc, out=scratch)
+    vc += np.multiply(scratch, T(1 - beta2), out=scratch)
+
+
+def _adam_direction(mc, vc, beta1, beta2, epsilon, step, out):
+    """The Adam step direction (learning rate 1), written into ``out``::
+
+        d = (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + epsilon)
+    """
+    T = mc.dtype.type
     bc1, bc2 = T(1.0 - float(beta1) ** step), T(1.0 - float(beta2) ** step)
-    mc = b1 * mc + (1 - b1) * gc
-    vc = b2 * vc + (1 - b2) * gc * gc
-    d = (mc / bc1) / (np.sqrt(vc / bc2) + eps)
-    return mc, vc, d
+    np.divide(vc, bc2, out=out)
+    np.sqrt(out, out=out)
+    out += T(epsilon)
+    np.divide(mc, out, out=out)
+    out /= bc1
+    return out
 
 
 def _check_step(step):
@@ -108,11 +128,12 @@ def adam_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, step):
     square root of the bias-corrected ``v``).
     """
     step = _check_step(step)
-    xc, gc, mc, vc = _compute(x), _compute(g), _compute(m), _compute(v)
-    mc, vc, d = _adam_direction(gc, mc, vc, beta1, beta2, epsilon, step)
-    _store(m, mc)
-    _store(v, vc)
-    _store(x, xc - xc.dtype.type(eta) * d)
+    with _in_compute_type(x, g, m, v) as (xc, gc, mc, vc):
+        d = np.empty_like(gc)      # one scratch buffer: large temporaries cost page faults
+        _adam_moments(gc, mc, vc, beta1, beta2, d)
+        _adam_direction(mc, vc, beta1, beta2, epsilon, step, d)
+        d *= xc.dtype.type(eta)
+        xc -= d
 
 
 def adamw_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, lambd, step):
@@ -129,12 +150,14 @@ def adamw_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, lambd, step)
     Optimisers.jl before v0.4 decoupled it: ``x <- x - eta*d - lambd*x``.
     """
     step = _check_step(step)
-    xc, gc, mc, vc = _compute(x), _compute(g), _compute(m), _compute(v)
-    T = xc.dtype.type
-    mc, vc, d = _adam_direction(gc, mc, vc, beta1, beta2, epsilon, step)
-    _store(m, mc)
-    _store(v, vc)
-    _store(x, xc - T(eta) * (d + T(lambd) * xc))
+    with _in_compute_type(x, g, m, v) as (xc, gc, mc, vc):
+        T = xc.dtype.type
+        d = np.empty_like(gc)
+        _adam_moments(gc, mc, vc, beta1, beta2, d)
+        _adam_direction(mc, vc, beta1, beta2, epsilon, step, d)
+        d += T(lambd) * xc
+        d *= T(eta)
+        xc -= d
 
 
 def rmsprop_update_forward(x, g, s, *, eta, rho, epsilon):
@@ -146,9 +169,11 @@ def rmsprop_update_forward(x, g, s, *, eta, rho, epsilon):
 
     The same as ``torch.optim.RMSprop`` with ``alpha = rho``.
     """
-    xc, gc, sc = _compute(x), _compute(g), _compute(s)
-    T = xc.dtype.type
-    eta, rho, eps = T(eta), T(rho), T(epsilon)
-    sc = rho * sc + (1 - rho) * gc * gc
-    _store(s, sc)
-    _store(x, xc - eta * gc / (np.sqrt(sc) + eps))
+    with _in_compute_type(x, g, s) as (xc, gc, sc):
+        T = xc.dtype.type
+        sc *= T(rho)
+        sc += T(1 - rho) * (gc * gc)
+        d = np.asarray(np.sqrt(sc))
+        d += T(epsilon)
+        np.divide(T(eta) * gc, d, out=d)
+        xc -= d

@@ -15,7 +15,7 @@ from triflux.errors import ShapeError
 
 
 def _is_float(a):
-    return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
+    return a.dtype.kind == "f" or a.dtype.kind == "V" and a.dtype.name == "bfloat16"
 
 
 def _axis(axis, ndim):
@@ -28,7 +28,7 @@ def _axis(axis, ndim):
 
 def _acc(dtype):
     """The dtype sums accumulate in."""
-    if dtype.name in ("float16", "bfloat16"):
+    if dtype.itemsize == 2 and (dtype.kind == "f" or dtype.name == "bfloat16"):
         return np.dtype(np.float32)
     if dtype.kind == "f":
         return dtype

@@ -253,3 +253,29 @@ def test_torch_only_allocates_and_views():
         km.matmul_forward(a[0, 0], e)
     ops = assert_torch_only_moves_memory(work, "the matmul kernels")
     assert "empty.memory_format" in ops               # the recorder sees allocations
+
+
+@pytest.mark.parametrize("side", ["reference", "kernel"])
+def test_partial_backward_and_layout_of_weight_gradients(side):
+    """``needs`` skips unneeded gradients; a transposed operand (Dense's
+    weight.T) gets its gradient in its own memory layout."""
+    from triflux.reference import matmul as rm
+    rng = np.random.default_rng(3)
+    x, w, g = rng.standard_normal((5, 7)), rng.standard_normal((4, 7)), rng.standard_normal((5, 4))
+    if side == "reference":
+        da, db = rm.matmul_backward(g, None, x, w.T, needs=(False, True))
+        assert da is None and db.flags.f_contiguous
+        full = rm.matmul_backward(g, None, x, w.T)
+        np.testing.assert_allclose(db, full[1])
+        np.testing.assert_allclose(db, x.T @ g)
+    else:
+        f64 = torch.float64
+        xt, wt, gt = _t(x, f64), _t(w, f64), _t(g, f64)
+        da, db = km.matmul_backward(gt, None, xt, wt.transpose(0, 1), needs=(False, True))
+        assert da is None and db.transpose(0, 1).is_contiguous()
+        np.testing.assert_allclose(db.cpu().numpy(), x.T @ g, rtol=1e-12)
+        for shape in [(2, 5, 7), (5, 7)]:                  # folded batch and plain
+            xs = rng.standard_normal(shape)
+            gs = rng.standard_normal(shape[:-1] + (4,))
+            _, db = km.matmul_backward(_t(gs, f64), None, _t(xs, f64), wt.transpose(0, 1), needs=(False, True))
+            np.testing.assert_allclose(db.cpu().numpy(), xs.reshape(-1, 7).T @ gs.reshape(-1, 4), rtol=1e-12)

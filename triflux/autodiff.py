@@ -61,7 +61,12 @@ def backprop(tape, out, seed):
         if g is None:
             continue
         on_cpu = y._device.is_cpu
-        gin = prim.impl(on_cpu, "backward")(g, y._data, *[t._data for t in inputs], **attrs)
+        backward = prim.impl(on_cpu, "backward")
+        if prim.partial_backward:
+            needs = tuple(id(t) in tape.live for t in inputs)
+            gin = backward(g, y._data, *[t._data for t in inputs], needs=needs, **attrs)
+        else:
+            gin = backward(g, y._data, *[t._data for t in inputs], **attrs)
         for t, gi in zip(inputs, gin):
             if gi is None or id(t) not in tape.live:
                 continue

@@ -71,12 +71,12 @@ def as_dtype(d):
 
 
 def is_floating(d):
-    d = as_dtype(d)
-    return d.kind == "f" or d.name == "bfloat16"
+    d = d if isinstance(d, np.dtype) else as_dtype(d)
+    return d.kind == "f" or d.kind == "V" and d.name == "bfloat16"
 
 
 def is_bfloat16(d):
-    return d.name == "bfloat16"
+    return d.kind == "V" and d.name == "bfloat16"
 
 
 _TORCH = {}

@@ -33,7 +33,7 @@ for _n in ("sum", "mean", "max"):
     register(_n, "reduce", doc="attrs: axis (tuple of non-negative ints, sorted), keepdims")
 
 # --- matrix products ------------------------------------------------------------------
-register("matmul", "matmul", doc="NumPy matmul semantics: vector, matrix, batched with broadcasting")
+register("matmul", "matmul", partial_backward=True, doc="NumPy matmul semantics: vector, matrix, batched with broadcasting")
 
 # --- softmax family ---------------------------------------------------------------------
 register("softmax", "softmax", doc="attrs: axis")

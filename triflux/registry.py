@@ -23,6 +23,9 @@ Calling conventions, identical for the reference (NumPy arrays) and the kernels
 * ``<name>_backward(grad, out, *inputs, **attrs) -> tuple`` with one entry per
   input: the gradient, shaped and typed like that input, or ``None`` where the
   input has no gradient (a boolean condition, an integer index).
+* A primitive declared ``partial_backward`` also takes ``needs=`` (one bool
+  per input) and may return ``None`` for inputs not needed; autodiff passes
+  it so, e.g., no gradient is computed for a layer's input data.
 * Non-differentiable primitives (comparisons, fills, optimiser updates) have
   no backward; ``in_place`` primitives mutate their first inputs and return
   ``None``.
@@ -47,6 +50,7 @@ class Primitive:
     differentiable: bool = True
     in_place: bool = False
     random: bool = False
+    partial_backward: bool = False
     dtypes: tuple = ALL_FLOAT_DTYPES
     doc: str = ""
     _cache: dict = field(default_factory=dict, repr=False)

@@ -7,6 +7,8 @@
 """
 import numpy as np
 
+from . import dtypes as _dt
+
 from .functor import children, is_layer, leaves
 
 
@@ -46,7 +48,7 @@ def _param_info(layer):
         else:
             arrays += 1
             params += size
-        if leaf.dtype.kind == "f" or leaf.dtype.name == "bfloat16":
+        if _dt.is_floating(leaf.dtype):
             values = leaf.numpy() if isinstance(leaf, Tensor) else leaf
             values = values.astype(np.float32)
             nan |= bool(np.isnan(values).any())

@@ -258,9 +258,12 @@ def _summed_grad(x, y, shape):
     return unbroadcast(p, tuple(shape), dtype=None if wide is None else x.dtype)
 
 
-def matmul_backward(grad, out, a, b):
+def matmul_backward(grad, out, a, b, needs=(True, True)):
     """dA = G @ B^T, dB = A^T @ G (the reference has the full statement): the
-    forward kernel on transposed views, then ``unbroadcast`` over batch axes."""
+    forward kernel on transposed views, then ``unbroadcast`` over batch axes.
+    ``needs`` says which of (dA, dB) to compute; the other is ``None``. A
+    transposed matrix operand (Dense's ``weight.T``) gets its gradient in its
+    own memory layout, so optimiser updates read dense memory."""
     a2 = a.unsqueeze(0) if a.dim() == 1 else a            # (..., M, K)
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b           # (..., K, N)
     g2 = grad
@@ -269,10 +272,15 @@ def matmul_backward(grad, out, a, b):
     if b.dim() == 1:
         g2 = g2.unsqueeze(-1)                             # (batch..., M, N)
 
-    da = _summed_grad(g2, b2.transpose(-1, -2), a2.shape).view(a.shape)
+    da = _summed_grad(g2, b2.transpose(-1, -2), a2.shape).view(a.shape) if needs[0] else None
+    if not needs[1]:
+        return da, None
 
     db = None
-    if b2.dim() == 2 and a2.dim() > 2:
+    transposed_b = b2.dim() == 2 and b2.stride(0) == 1 and b2.stride(1) != 1
+    if b2.dim() == 2 and a2.dim() == 2 and transposed_b:
+        db = _mm(g2.transpose(0, 1), a2).transpose(0, 1)     # (G^T A)^T: b's layout
+    elif b2.dim() == 2 and a2.dim() > 2:
         # dB = sum over the batch of A_i^T G_i: one product with the batch
         # folded into the contraction (K' = batch * M), when views allow it
         rows = 1
@@ -281,7 +289,7 @@ def matmul_backward(grad, out, a, b):
         try:
             af = a2.view(rows, a2.shape[-1])
             gf = g2.view(rows, g2.shape[-1])
-            db = _mm(af.transpose(0, 1), gf)
+            db = _mm(gf.transpose(0, 1), af).transpose(0, 1) if transposed_b else _mm(af.transpose(0, 1), gf)
         except RuntimeError:
             db = None
     if db is None:
