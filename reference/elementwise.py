@@ -154,8 +154,7 @@ def relu_backward(grad, out, x):
     """dx = g [x > 0]   (relu'(0) = 0)"""
     if not _is_float(x):
         return (None,)
-    g = _work(grad)
-    return (_done(np.where(_work(x) > 0, g, np.zeros_like(g)), x.dtype),)
+    return (_done(np.multiply(_work(grad), _work(x) > 0), x.dtype),)
 
 
 @quiet

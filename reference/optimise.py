@@ -96,10 +96,10 @@ def _adam_moments(gc, mc, vc, beta1, beta2, scratch):
     vc += np.multiply(scratch, T(1 - beta2), out=scratch)
 
 
-def _adam_direction(mc, vc, beta1, beta2, epsilon, step, out):
-    """The Adam step direction (learning rate 1), written into ``out``::
+def _adam_direction(mc, vc, beta1, beta2, epsilon, step, out, eta=1.0):
+    """The Adam step, ``eta`` times the direction, written into ``out``::
 
-        d = (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + epsilon)
+        d = eta * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + epsilon)
     """
     T = mc.dtype.type
     bc1, bc2 = T(1.0 - float(beta1) ** step), T(1.0 - float(beta2) ** step)
@@ -107,7 +107,7 @@ def _adam_direction(mc, vc, beta1, beta2, epsilon, step, out):
     np.sqrt(out, out=out)
     out += T(epsilon)
     np.divide(mc, out, out=out)
-    out /= bc1
+    out *= T(eta) / bc1
     return out
 
 
@@ -131,8 +131,7 @@ def adam_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, step):
     with _in_compute_type(x, g, m, v) as (xc, gc, mc, vc):
         d = np.empty_like(gc)      # one scratch buffer: large temporaries cost page faults
         _adam_moments(gc, mc, vc, beta1, beta2, d)
-        _adam_direction(mc, vc, beta1, beta2, epsilon, step, d)
-        d *= xc.dtype.type(eta)
+        _adam_direction(mc, vc, beta1, beta2, epsilon, step, d, eta)
         xc -= d
 
 
