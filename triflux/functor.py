@@ -20,6 +20,27 @@ def is_leaf(x):
     return isinstance(x, (Tensor, np.ndarray))
 
 
+def holds_arrays(x):
+    """Whether the structure ``x`` holds any array or layer."""
+    if is_leaf(x) or is_layer(x):
+        return True
+    if isinstance(x, (list, tuple)):
+        return any(holds_arrays(e) for e in x)
+    if isinstance(x, dict):
+        return any(holds_arrays(e) for e in x.values())
+    return False
+
+
+def path_join(path, key):
+    """The path of child ``key`` below ``path``, as written in error
+    messages: ``layers[1].weight``, ``opt['x']``."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if isinstance(key, str) and key.isidentifier():
+        return f"{path}.{key}" if path else key
+    return f"{path}[{key!r}]"
+
+
 def children(layer):
     """The attributes of ``layer`` that hold arrays or other layers, in
     definition order: ``{"weight": ..., "bias": ...}``."""

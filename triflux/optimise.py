@@ -38,7 +38,7 @@ import numpy as np
 from . import dtypes as _dt
 from . import ops
 from .errors import DeviceMismatchError, NonFiniteError, StructureError
-from .functor import children, is_layer
+from .functor import children, holds_arrays, is_layer, path_join
 from .registry import REGISTRY
 from .tensor import Tensor
 
@@ -322,14 +322,6 @@ def _state_repr(s):
     return repr(s)
 
 
-def _join(path, key):
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    if isinstance(key, str) and key.isidentifier():
-        return f"{path}.{key}" if path else key
-    return f"{path}[{key!r}]"
-
-
 def _show(path):
     return path or "(the model itself)"
 
@@ -450,7 +442,7 @@ def update(opt_state, model, grad):
             for name, v in kids.items():
                 if name in skip:
                     continue
-                walk(st.get(name), v, g.get(name), _join(path, name))
+                walk(st.get(name), v, g.get(name), path_join(path, name))
             return
         if isinstance(x, (list, tuple)):
             if not isinstance(g, (list, tuple)) or len(g) != len(x):
@@ -462,7 +454,7 @@ def update(opt_state, model, grad):
                                 f"the model has a {type(x).__name__} of {len(x)}",
                                 f"the state is {_describe(st)}; call `setup(rule, model)` for this model")
             for i, (s, v, gi) in enumerate(zip(st, x, g)):
-                walk(s, v, gi, _join(path, i))
+                walk(s, v, gi, path_join(path, i))
             return
         if isinstance(x, dict):
             if not isinstance(g, dict):
@@ -476,7 +468,7 @@ def update(opt_state, model, grad):
                 raise _mismatch("the optimiser state does not fit", path, "the model has a dict",
                                 f"the state is {_describe(st)}")
             for k, v in x.items():
-                walk(st.get(k), v, g.get(k), _join(path, k))
+                walk(st.get(k), v, g.get(k), path_join(path, k))
             return
         # functions, numbers, NumPy arrays: nothing to train
 

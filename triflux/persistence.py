@@ -22,7 +22,7 @@ before writing anything: a failed load leaves the model as it was.
 import numpy as np
 
 from .errors import StructureError
-from .functor import children, is_layer
+from .functor import children, holds_arrays, is_layer, path_join
 from .tensor import Tensor, transfer
 
 __all__ = ["state", "loadmodel"]
@@ -38,14 +38,6 @@ def _is_rule(x):
     return isinstance(x, Rule)
 
 
-def _holds_arrays(v):
-    if isinstance(v, (Tensor, np.ndarray)) or is_layer(v):
-        return True
-    if isinstance(v, (list, tuple)):
-        return any(_holds_arrays(e) for e in v)
-    if isinstance(v, dict):
-        return any(_holds_arrays(e) for e in v.values())
-    return False
 
 
 def state(x):
@@ -77,14 +69,6 @@ def state(x):
 
 
 # --- loadmodel -----------------------------------------------------------------------------------
-
-def _join(path, key):
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    if isinstance(key, str) and key.isidentifier():
-        return f"{path}.{key}" if path else key
-    return f"{path}[{key!r}]"
-
 
 def _show(path):
     return f"`{path}`" if path else "the top level"
@@ -151,9 +135,9 @@ def _check_keys(plan, dst_keys, src, path, kind):
     missing = [k for k in dst_keys if k not in src]
     extra = [k for k in src if k not in dst_keys and src[k] is not None]
     for k in missing:
-        plan.error(f"{_show(_join(path, k))}: missing from the state (the model has it)")
+        plan.error(f"{_show(path_join(path, k))}: missing from the state (the model has it)")
     for k in extra:
-        plan.error(f"{_show(_join(path, k))}: in the state but not in the model")
+        plan.error(f"{_show(path_join(path, k))}: in the state but not in the model")
     return True
 
 
@@ -176,7 +160,7 @@ def _walk(plan, dst, src, path):
         if _check_keys(plan, list(kids), src, path, f"a {type(dst).__name__}"):
             for name, v in kids.items():
                 if name in src:
-                    _walk(plan, v, src[name], _join(path, name))
+                    _walk(plan, v, src[name], path_join(path, name))
     elif isinstance(dst, (list, tuple)):
         if not isinstance(src, (list, tuple)):
             plan.error(f"{_show(path)}: the model has a {type(dst).__name__} of {len(dst)}, "
@@ -186,16 +170,16 @@ def _walk(plan, dst, src, path):
                        f"the state has {len(src)} entries")
         else:
             for i, (d, s) in enumerate(zip(dst, src)):
-                _walk(plan, d, s, _join(path, i))
+                _walk(plan, d, s, path_join(path, i))
     elif isinstance(dst, dict):
         if _check_keys(plan, list(dst), src, path, "a dict"):
             for k, v in dst.items():
                 if k in src:
-                    _walk(plan, v, src[k], _join(path, k))
+                    _walk(plan, v, src[k], path_join(path, k))
     else:
         # no arrays here (None, a function, a number outside a Leaf): nothing to load,
         # but the state must not bring arrays the model has no place for
-        if _holds_arrays(src):
+        if holds_arrays(src):
             plan.error(f"{_show(path)}: the state has arrays ({_what(src)}) but the model holds "
                        f"{'nothing' if dst is None else type(dst).__name__} there")
 
@@ -212,14 +196,14 @@ def _walk_leaf(plan, leaf, src, path):
     try:
         rule = rule_from_dict(src["rule"]) if not _is_rule(src["rule"]) else src["rule"]
     except (StructureError, TypeError, ValueError) as e:
-        plan.error(f"{_show(_join(path, 'rule'))}: {e}")
+        plan.error(f"{_show(path_join(path, 'rule'))}: {e}")
         return
     if type(rule) is not type(leaf.rule):
-        plan.error(f"{_show(_join(path, 'rule'))}: the optimiser state uses {type(leaf.rule).__name__}, the "
+        plan.error(f"{_show(path_join(path, 'rule'))}: the optimiser state uses {type(leaf.rule).__name__}, the "
                    f"saved state was made by {type(rule).__name__}; call `setup({type(rule).__name__}(), model)` "
                    "before loading it")
         return
-    new_state = _leaf_state(plan, leaf.state, src["state"], _join(path, "state"))
+    new_state = _leaf_state(plan, leaf.state, src["state"], path_join(path, "state"))
     plan.writes.append((leaf, (rule, new_state)))
 
 
@@ -234,7 +218,7 @@ def _leaf_state(plan, dst, src, path):
             plan.error(f"{_show(path)}: the optimiser state has a {type(dst).__name__} of {len(dst)}, "
                        f"the saved state has {_what(src)}")
             return dst
-        return type(dst)(_leaf_state(plan, d, s, _join(path, i)) for i, (d, s) in enumerate(zip(dst, src)))
+        return type(dst)(_leaf_state(plan, d, s, path_join(path, i)) for i, (d, s) in enumerate(zip(dst, src)))
     if dst is None:
         if src is not None:
             plan.error(f"{_show(path)}: the optimiser state holds nothing, the saved state has {_what(src)}")

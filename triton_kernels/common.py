@@ -20,6 +20,14 @@ INTERPRET = backend.interpreter_on()
 MAX_DIMS = 6
 
 
+def numel(shape):
+    """Number of elements of ``shape`` (any iterable of sizes)."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
 def next_pow2(n):
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 

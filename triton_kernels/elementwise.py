@@ -100,13 +100,6 @@ def _broadcast_shape(*tensors):
                          "dimensions must be equal or 1)") from None
 
 
-def _numel(shape):
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
 # --- math building blocks --------------------------------------------------------------------
 
 @triton.jit
@@ -493,7 +486,7 @@ def _grads_at(shape, dtype, in_shapes, device):
 def _binary_bwd(grad, x0, x1, y, op, in_shapes, dtype):
     shape = tuple(grad.shape)
     ga, gb = _grads_at(shape, dtype, in_shapes, grad.device)
-    n = _numel(shape)
+    n = common.numel(shape)
     if n:
         yy = y if y is not None else grad
         mshape, (gs, as_, bs, ys) = _strides([grad, x0, x1, yy], shape)

@@ -42,13 +42,6 @@ _MIN_CHUNK = 4096
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _prod(xs):
-    n = 1
-    for s in xs:
-        n *= int(s)
-    return n
-
-
 @triton.jit
 def _reduce_kernel(x, ref, out, M, N, chunk, denom,
                    R1, R2, R3, R4, R5, RS0, RS1, RS2, RS3, RS4, RS5,
@@ -210,8 +203,8 @@ def _reduce(x, axis, op, out_dtype, keepdims=False, ref=None, mean=False, splits
     nd = len(shape)
     axis = _normalise_axis(axis, nd)
     kept = [d for d in range(nd) if d not in axis]
-    M = _prod(shape[d] for d in kept)
-    N = _prod(shape[d] for d in axis)
+    M = common.numel(shape[d] for d in kept)
+    N = common.numel(shape[d] for d in axis)
     if keepdims:
         out_shape = tuple(1 if d in axis else shape[d] for d in range(nd))
     else:
@@ -381,7 +374,7 @@ def mean_backward(grad, out, x, axis=None, keepdims=False):
     if x.dtype not in _FLOATS:
         return (None,)
     axis = _normalise_axis(axis, x.dim())
-    N = _prod(x.shape[a] for a in axis)
+    N = common.numel(x.shape[a] for a in axis)
     return (_bcast_bwd(grad, x, axis, 0, denom=float(N)),)
 
 

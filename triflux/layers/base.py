@@ -1,17 +1,5 @@
 """The layer base class: parameters are attributes holding Tensors."""
-import numpy as np
-
-from ..tensor import Tensor
-
-
-def _holds_arrays(v):
-    if isinstance(v, (Tensor, np.ndarray, Layer)):
-        return True
-    if isinstance(v, (list, tuple)):
-        return any(_holds_arrays(e) for e in v)
-    if isinstance(v, dict):
-        return any(_holds_arrays(e) for e in v.values())
-    return False
+from ..functor import holds_arrays
 
 
 class Layer:
@@ -24,7 +12,7 @@ class Layer:
     _nontrainable = ()
 
     def _children(self):
-        return {k: v for k, v in vars(self).items() if _holds_arrays(v)}
+        return {k: v for k, v in vars(self).items() if holds_arrays(v)}
 
     def __repr__(self):
         from ..show import layer_repr
