@@ -1,5 +1,4 @@
 """Helpers shared by the reference families."""
-import numpy as np
 
 
 def unbroadcast(grad, shape):

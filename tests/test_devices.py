@@ -1,11 +1,9 @@
 """Devices and moving structures; the errors the seeds' users needed."""
-import os
-
 import numpy as np
 import pytest
 
 import triflux as tf
-from triflux.errors import DeviceMismatchError, NoGPUError, BackendNotSupportedError
+from triflux.errors import DeviceMismatchError, BackendNotSupportedError
 from helpers import DEVICES, device, run_python
 
 needs_gpu = pytest.mark.skipif(not tf.functional("CUDA"), reason="no functional CUDA backend")

@@ -1,7 +1,6 @@
 """Activation functions (NNlib's names). Each takes a Tensor on any device
 and is built from registered primitives, so it differentiates everywhere."""
 from . import ops
-from .tensor import Tensor
 
 
 def identity(x):

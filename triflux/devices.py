@@ -6,8 +6,6 @@ A device is a small hashable value: ``CPUDevice()``, ``CUDADevice(idx)``,
 (tensor, NumPy array, layer, model, tuple/list/dict, DataLoader) returns the
 structure with every array on that device, as ``Tensor``s.
 """
-import os
-
 import numpy as np
 
 from . import backend

@@ -45,11 +45,3 @@ class StructureError(TrifluxError, ValueError):
 class GradientError(TrifluxError, RuntimeError):
     """Misuse of ``gradient``: non-scalar loss, nothing to differentiate, ..."""
 
-
-def device_fix(device):
-    """The one-line fix that moves data to ``device``."""
-    from .devices import CPUDevice  # late: devices imports errors
-
-    if isinstance(device, CPUDevice):
-        return "move the data with `cpu(x)` (or `triflux.cpu_device()(x)`)"
-    return f"move the data with `gpu(x)` (or `{device!r}(x)`)"

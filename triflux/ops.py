@@ -13,8 +13,8 @@ import numpy as np
 
 from . import autodiff
 from . import dtypes as _dt
-from .errors import DeviceMismatchError, DTypeError, ShapeError, device_fix
-from .primitives import *  # noqa: F401,F403  (fills the registry)
+from .errors import DeviceMismatchError, DTypeError, ShapeError
+from . import primitives  # noqa: F401  (fills the registry)
 from .registry import REGISTRY
 from .tensor import Tensor, next_seed
 

@@ -38,7 +38,7 @@ import numpy as np
 from . import dtypes as _dt
 from . import ops
 from .errors import DeviceMismatchError, NonFiniteError, StructureError
-from .functor import children, holds_arrays, is_layer, path_join
+from .functor import children, is_layer, path_join
 from .registry import REGISTRY
 from .tensor import Tensor
 

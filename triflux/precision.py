@@ -1,8 +1,6 @@
 """Converting the floating arrays of any structure: ``f32``, ``f64``,
 ``f16``, ``bf16`` (Flux's names). Integer and bool arrays are kept, so
 labels and masks survive a precision change."""
-import numpy as np
-
 from . import dtypes as _dt
 from .functor import fmap
 from .tensor import Tensor

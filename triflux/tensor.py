@@ -9,7 +9,7 @@ operation for ``gradient``.
 import numpy as np
 
 from . import dtypes as _dt
-from .devices import CPU, CPUDevice, Device, get_device, _canonical
+from .devices import CPU, Device, get_device, _canonical
 from .errors import DTypeError, TrifluxError
 
 _TORCH_TO_NP = {}
