@@ -129,3 +129,13 @@ def test_item_float_bool(dev):
     assert t.item() == 2.5 and float(t) == 2.5 and bool(t)
     with pytest.raises(ValueError, match="ambiguous"):
         bool(tf.zeros(2))
+
+
+def test_dtype_errors_say_what_to_do():
+    with pytest.raises(DTypeError, match="floating point"):
+        tf.rand(3, dtype=tf.int32)
+    with pytest.raises(DTypeError, match="unknown dtype"):
+        tf.zeros(2, dtype="float8")
+    if tf.functional("CUDA"):
+        with pytest.raises(DTypeError, match="no device"):
+            tf.gpu(np.ones(2, dtype=np.complex64))
