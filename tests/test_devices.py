@@ -13,6 +13,9 @@ def test_supported_devices_and_cpu():
     assert tf.supported_devices() == ("CUDA", "AMDGPU", "Metal", "CPU")
     assert tf.functional("CPU") and not tf.functional("Metal")
     assert tf.get_device("CPU") == tf.cpu_device() == tf.CPUDevice()
+    assert tf.get_device(backend="CPU") == tf.cpu_device()
+    if tf.functional("CUDA"):
+        assert tf.get_device("CUDA", 0) == tf.get_device(backend="CUDA", idx=0) == tf.CUDADevice(0)
     assert hash(tf.CUDADevice(1)) == hash(tf.CUDADevice(1)) and tf.CUDADevice(1) != tf.CUDADevice(0)
     with pytest.raises(ValueError, match="CUDA, AMDGPU, Metal, CPU"):
         tf.get_device("TPU")

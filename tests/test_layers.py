@@ -57,14 +57,14 @@ def test_printing_like_flux():
     assert "Dense(784 => 32, relu)," in text and "# 25_120 parameters" in text
     assert "Dense(32 => 10)," in text and "# 330 parameters" in text
     assert text.splitlines()[-1].strip() == ")                   # Total: 4 arrays, 25_450 parameters, 99.414 KiB.".strip()
-    assert repr(tf.Dense(10, 5, tf.sigmoid)) == "Dense(10 => 5, σ)"
-    assert repr(tf.Dense(2, 3, bias=False)) == "Dense(2 => 3; bias=false)"
+    assert repr(tf.Dense(10, 5, tf.sigmoid)) == "Dense(10 => 5, sigmoid)  # 55 parameters"
+    assert repr(tf.Dense(2, 3, bias=False)) == "Dense(2 => 3; bias=false)  # 6 parameters"
 
 
 def test_printing_flags_nan_and_works_on_device():
     m = tf.Chain(tf.Dense(2, 2), tf.Dense(2, 1))
     m[1].weight = tf.tensor(np.array([[np.nan, 1.0]], np.float32))
-    assert "(some NaN)" in repr(m)
+    assert "(some NaN)" in repr(m) and "(some NaN)" in repr(m[1])
     if tf.functional("CUDA"):
         g = tf.gpu(m)
         assert "(some NaN)" in repr(g) and "Total: 4 arrays, 9 parameters" in repr(g)

@@ -147,7 +147,9 @@ def get_device(x=None, backend_name=None, idx=0, verbose=False, **kw):
         backend_name = kw.pop("backend")
     if kw:
         raise TypeError(f"unexpected keywords {sorted(kw)}")
-    if isinstance(x, str):
+    if isinstance(x, str):           # get_device("CUDA", 1): backend and index by position
+        if backend_name is not None:
+            idx = backend_name
         backend_name, x = x, None
     if x is not None:
         return device_of(x)

@@ -13,9 +13,6 @@ from .functor import children, is_layer, leaves
 
 
 def fname(f):
-    from .activations import sigmoid
-    if f is sigmoid:
-        return "σ"
     return getattr(f, "__name__", None) or repr(f)
 
 
@@ -90,7 +87,9 @@ def _is_container(x):
 def layer_repr(layer):
     if _is_container(layer):
         return "\n".join(_container_lines(layer, 0, top=True))
-    return f"{type(layer).__name__}({layer._signature()})"
+    text = f"{type(layer).__name__}({layer._signature()})"
+    a, p, e, _, nan, inf = _param_info(layer)
+    return f"{text}  # {_count(a, p, e, nan, inf)}" if p or e else text
 
 
 def _line(text, comment):
