@@ -159,3 +159,23 @@ def test_fmap_rebuilds(dev):
     doubled = tf.fmap(lambda t: t * 2, m)
     assert doubled is not m and doubled[1] is tf.flatten
     np.testing.assert_allclose(doubled[0].weight.numpy(), 2 * m[0].weight.numpy())
+
+
+@needs_gpu
+def test_out_of_memory_becomes_a_triflux_error_and_leaves_the_model_intact(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from triflux.triton_kernels import common
+    m = tf.gpu(tf.Dense(3, 2))
+    x = tf.gpu(np.ones((4, 3), np.float32))
+    before = m.weight.numpy()
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32 bytes")
+    monkeypatch.setattr(common.torch, "empty", no_memory)
+    with pytest.raises(tf.OutOfMemoryError) as e:
+        m(x)
+    monkeypatch.undo()
+    msg = str(e.value)
+    assert "out of memory" in msg and "32 bytes" in msg and "smaller batch" in msg
+    np.testing.assert_array_equal(m.weight.numpy(), before)
+    assert m(x).shape == (4, 2)                       # and it works again afterwards

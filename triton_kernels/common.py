@@ -58,7 +58,7 @@ def out_of_memory(exc, shape=None, dtype=None, device=None):
         n = 1
         for s in shape:
             n *= int(s)
-        asked = f"{n * torch.empty((), dtype=dtype).element_size()} bytes for a {tuple(shape)} {dtype} tensor; "
+        asked = f"{n * dtype.itemsize} bytes for a {tuple(shape)} {dtype} tensor; "
     free = ""
     try:
         f, t = torch.cuda.mem_get_info(device)
