@@ -179,3 +179,11 @@ def test_out_of_memory_becomes_a_triflux_error_and_leaves_the_model_intact(monke
     assert "out of memory" in msg and "32 bytes" in msg and "smaller batch" in msg
     np.testing.assert_array_equal(m.weight.numpy(), before)
     assert m(x).shape == (4, 2)                       # and it works again afterwards
+
+
+def test_reclaim_is_safe_anywhere():
+    tf.reclaim()
+    if tf.functional("CUDA"):
+        x = tf.gpu(np.ones(3, np.float32))
+        tf.reclaim()
+        assert x.numpy().tolist() == [1.0, 1.0, 1.0]

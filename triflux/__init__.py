@@ -21,7 +21,7 @@ from .errors import (TrifluxError, DeviceMismatchError, NoGPUError, BackendNotSu
                      GradientError)
 from .dtypes import float16, float32, float64, int32, int64, bool_  # noqa: E402
 from .devices import (CPUDevice, CUDADevice, AMDGPUDevice, MetalDevice, Device,  # noqa: E402
-                      gpu, cpu, get_device, gpu_device, cpu_device, supported_devices, functional)
+                      gpu, cpu, get_device, gpu_device, cpu_device, supported_devices, functional, reclaim)
 from .preferences import gpu_backend, gpu_backend_preference as _pref  # noqa: E402
 from .tensor import Tensor, tensor, zeros, ones, rand, randn, full, seed  # noqa: E402
 from .functor import fmap  # noqa: E402

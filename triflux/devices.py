@@ -244,3 +244,15 @@ def device_of(x):
             f"the arrays of this {type(x).__name__} live on different devices: "
             f"{', '.join(map(repr, found))}; move it to one with `gpu(x)` or `cpu(x)`")
     return found[0]
+
+
+def reclaim():
+    """Free memory that is no longer used: run Python's garbage collector and
+    give the device allocator's cached blocks back to the driver (CUDA's
+    ``reclaim``). Safe to call on any machine."""
+    import gc
+    import sys
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and not backend.interpreter_on() and torch.cuda.is_available():
+        torch.cuda.empty_cache()
