@@ -42,7 +42,9 @@ test-gpu: $(STAMP)
 	TRIFLUX_TEST_REAL_GPU=1 HYPOTHESIS_PROFILE=gpu $(BIN)/python -m pytest tests
 
 bench: $(STAMP)
-	$(BIN)/python -m pytest perf --benchmark-only --benchmark-columns=min,median,mean,rounds -p no:xdist
+	$(BIN)/python -m pytest perf --benchmark-only --benchmark-columns=min,median,mean,rounds -p no:xdist --benchmark-json=perf/cpu.json
+	$(BIN)/python perf/report.py perf/cpu.json
+	$(BIN)/python perf/interleaved.py 6
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .benchmarks

@@ -15,6 +15,8 @@ Tensor, a dict keyed by field name for a layer, a list for ``Chain``'s
 """
 import numpy as np
 
+from . import functor
+from .dtypes import is_floating
 from .errors import GradientError
 
 #: the tape in use, or None outside ``gradient`` (a module global: cheap to test)
@@ -43,7 +45,6 @@ def in_gradient():
 
 
 def _watchable(t):
-    from .dtypes import is_floating
     return is_floating(t.dtype)
 
 
@@ -79,12 +80,11 @@ def withgradient(f, *args):
     """``(value, grads)``: the value of ``f(*args)`` (a scalar Tensor) and
     one gradient per argument, shaped like it."""
     global TAPE
-    from .functor import leaves
     from .tensor import Tensor
     from . import ops
 
     args = tuple(ops.as_tensor(a) if isinstance(a, np.ndarray) else a for a in args)
-    watched = [t for a in args for t in leaves(a) if isinstance(t, Tensor) and _watchable(t)]
+    watched = [t for a in args for t in functor.leaves(a) if isinstance(t, Tensor) and _watchable(t)]
     tape = Tape(watched)
     outer, TAPE = TAPE, tape
     try:
@@ -98,7 +98,6 @@ def withgradient(f, *args):
     if y.size != 1:
         raise GradientError(f"`gradient` needs a scalar loss, but the function returned a Tensor of shape {y.shape}; "
                             "reduce it first, e.g. with `.sum()` or `.mean()`")
-    from .dtypes import is_floating
     if not is_floating(y.dtype):
         raise GradientError(f"`gradient`: the loss has dtype {y.dtype}; it must be floating point")
     seed = ops.fill(y.shape, 1, y.dtype, y.device)._data
@@ -114,13 +113,12 @@ def gradient(f, *args):
 
 def _mirror(x, grads):
     """The gradient tree for ``x``: its structure with gradients at the arrays."""
-    from .tensor import Tensor
-    from .functor import children, is_layer
+    Tensor = functor._classes()[0]
     if isinstance(x, Tensor):
         g = grads.get(id(x))
         return None if g is None else Tensor._make(g, x._device)
-    if is_layer(x):
-        return {name: _mirror(v, grads) for name, v in children(x).items()}
+    if functor.is_layer(x):
+        return {name: _mirror(v, grads) for name, v in functor.children(x).items()}
     if isinstance(x, (list, tuple)):
         return type(x)(_mirror(v, grads) for v in x) if not hasattr(x, "_fields") else \
             type(x)(*[_mirror(v, grads) for v in x])

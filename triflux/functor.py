@@ -10,14 +10,23 @@ import copy
 import numpy as np
 
 
+_CLASSES = []   # (Tensor, Layer), resolved on first use (they import this module)
+
+
+def _classes():
+    if not _CLASSES:
+        from .layers.base import Layer
+        from .tensor import Tensor
+        _CLASSES.extend((Tensor, Layer))
+    return _CLASSES
+
+
 def is_layer(x):
-    from .layers.base import Layer
-    return isinstance(x, Layer)
+    return isinstance(x, (_CLASSES or _classes())[1])
 
 
 def is_leaf(x):
-    from .tensor import Tensor
-    return isinstance(x, (Tensor, np.ndarray))
+    return isinstance(x, ((_CLASSES or _classes())[0], np.ndarray))
 
 
 def holds_arrays(x):
