@@ -70,9 +70,19 @@ requires_torch = pytest.mark.skipif(
     not backend.has_module("torch"),
     reason="torch (the independent oracle, torch.autograd on the CPU) is not installed")
 
+def _takes_inputs(prim):
+    """Whether the primitive has tensor inputs (dropout) or only attrs (fills)."""
+    try:
+        params = inspect.signature(prim.reference()).parameters.values()
+    except (ImportError, AttributeError):
+        return False
+    return any(q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD, q.VAR_POSITIONAL) for q in params)
+
+
 FORWARD = [p for p in PRIMITIVES if not p.random and not p.in_place]
-BACKWARD = [p for p in PRIMITIVES if p.differentiable]
-RANDOM = [p for p in PRIMITIVES if p.random]
+BACKWARD = [p for p in PRIMITIVES if p.differentiable and not p.random]
+RANDOM = [p for p in PRIMITIVES if p.random and not _takes_inputs(p)]
+RANDOM_WITH_INPUTS = [p for p in PRIMITIVES if p.random and _takes_inputs(p)]
 IN_PLACE = [p for p in PRIMITIVES if p.in_place]
 
 
@@ -697,6 +707,53 @@ def test_random_kernel_moments(prim, dtype, kernel_device):
     sample = to_numpy(_call("kernel", ker, (), _with_device(ker, attrs, kernel_device), what))
     torch_sample = _try(oracle_forward, prim, (), attrs, label=what)
     _check_moments(prim, dtype, sample, what, torch_sample)
+
+
+# === e2. random primitives with inputs (dropout) ================================================
+# Their outputs depend on a seed drawn differently on each side, so the two
+# sides cannot be compared value by value: each side must be reproducible from
+# the seed, forward and backward (the family tests check the distribution).
+
+def _reproducible(prim, run, what):
+    y1, g1 = run()
+    y2, g2 = run()
+    assert _bits(y1) == _bits(y2), f"{what}: the same seed gave different outputs"
+    for i, (a, b) in enumerate(zip(g1, g2)):
+        if a is not None:
+            assert _bits(a) == _bits(b), f"{what}: the same seed gave different gradients for input {i}"
+
+
+@pytest.mark.parametrize("prim,dtype", _params(RANDOM_WITH_INPUTS, None))
+@given(data=st.data())
+def test_random_reference_with_inputs_is_reproducible(prim, dtype, data):
+    case = draw_case(data, prim, dtype)
+    what = describe(prim, dtype, "reference, same seed twice", case)
+    xs = reference_copies(rounded_inputs(case, dtype))
+    fwd, bwd = _part(prim, "reference", "forward"), _part(prim, "reference", "backward")
+
+    def run():
+        y = np.asarray(_call("reference", fwd, xs, case.attrs, what))
+        g = np.ones_like(y)
+        return y, [None if d is None else np.asarray(d) for d in _call("reference", bwd, (g, y) + xs, case.attrs, what)]
+    _reproducible(prim, run, what)
+
+
+@pytest.mark.requires_kernels
+@pytest.mark.parametrize("prim,dtype", _params(RANDOM_WITH_INPUTS, "forward"))
+@given(data=st.data())
+def test_random_kernel_with_inputs_is_reproducible(prim, dtype, data, kernel_device):
+    case = draw_case(data, prim, dtype)
+    what = describe(prim, dtype, "kernel, same seed twice", case)
+    xs = kernel_tensors(rounded_inputs(case, dtype, flushes(dtype)), case_layouts(case, len(case.inputs)),
+                        kernel_device)
+    fwd, bwd = _part(prim, "triton_kernels", "forward"), _part(prim, "triton_kernels", "backward")
+
+    def run():
+        y = _call("kernel", fwd, xs, case.attrs, what)
+        g = kernel_tensors((np.ones(tuple(y.shape)),), ("contiguous",), kernel_device)[0].to(y.dtype)
+        grads = _call("kernel", bwd, (g, y) + xs, case.attrs, what)
+        return to_numpy(y), [None if d is None else to_numpy(d) for d in grads]
+    _reproducible(prim, run, what)
 
 
 # === f. in-place primitives ===================================================================

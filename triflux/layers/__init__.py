@@ -1,3 +1,5 @@
 """Layers: callables holding parameters (Tensors) as attributes."""
 from .base import Layer
 from .basic import Chain, Dense, flatten, Flatten
+from .containers import SkipConnection, Parallel
+from .pool import GlobalMeanPool
