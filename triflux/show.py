@@ -93,7 +93,7 @@ def layer_repr(layer):
 
 
 def _line(text, comment):
-    return f"{text:<38}# {comment}" if comment else text
+    return f"{text:<36}  # {comment}" if comment else text
 
 
 def _container_lines(chain, indent, top=False, name=None):
