@@ -24,3 +24,14 @@ def test_bad_arguments_exit_2_with_one_line():
     assert r.returncode == 2 and "unknown demo" in r.stderr
     r = run_cli("--help")
     assert r.returncode == 0 and "demo mlp" in r.stdout
+
+
+def test_readme_example_runs():
+    import os
+    import re
+    from helpers import ROOT
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    code = re.findall(r"```python\n(.*?)```", text, re.S)[0]
+    r = run_python(code + "\nprint('README OK', float(loss) > 0)")
+    assert r.returncode == 0, r.stderr
+    assert "README OK True" in r.stdout
