@@ -25,3 +25,22 @@ def test_training_step_uses_torch_only_for_memory():
         float(loss), float(extra)
     ops = assert_torch_only_moves_memory(step, "a training step on the Triton path")
     assert ops & {"empty.memory_format", "empty_strided.default"}, "no device memory was allocated?"
+
+
+def test_unet_step_uses_torch_only_for_memory():
+    pytest.importorskip("torch")
+    from triflux.models import UNet
+    dev = tf.CUDADevice(0)
+    rng = np.random.default_rng(1)
+    model = dev(tf.Chain(UNet(2, 3, depth=1, base_channels=2, up="convtranspose"), tf.Dropout(0.2)))
+    up = dev(UNet(2, 3, depth=1, base_channels=2, up="upsample"))
+    x = dev(rng.standard_normal((2, 2, 4, 4)).astype(np.float32))
+    y = dev(np.moveaxis(np.eye(3, dtype=np.float32)[rng.integers(0, 3, (2, 4, 4))], -1, 1))
+    opt = optimise.setup(optimise.Adam(1e-2), model)
+
+    def step():
+        loss, (g,) = tf.withgradient(lambda m: losses.logitcrossentropy(m(x), y), model)
+        optimise.update(opt, model, g)
+        tf.gradient(lambda m: losses.mse(tf.softmax(m(x)), y) + tf.MeanPool(2)(x).sum(), up)
+        float(loss)
+    assert_torch_only_moves_memory(step, "a UNet training step on the Triton path")

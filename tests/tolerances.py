@@ -147,7 +147,7 @@ def interpreter_gap(name, dtype, direction):
 #: Backward passes of broadcasting primitives accumulate too (the gradient of a
 #: broadcast input is a sum over the broadcast axes); the harness adds that
 #: loosener whenever a gradient has fewer elements than the output gradient.
-ACCUMULATING = {"sum", "mean", "matmul", "softmax", "logsoftmax", "logsumexp"}
+ACCUMULATING = {"sum", "mean", "matmul", "softmax", "logsoftmax", "logsumexp", "conv2d", "conv_transpose2d"}
 ACCUMULATION_C = 4.0
 
 #: Multilinear primitives (their forward, and their backward in every argument
@@ -160,8 +160,8 @@ ACCUMULATION_C = 4.0
 #: against max(||e||, ||f(|x|)||). Only for accumulating directions: a plain
 #: elementwise a+b is computed exactly in float32 and rounded once, so it keeps
 #: the strict relative measure.
-MULTILINEAR_FORWARD = {"sum", "mean", "matmul"}
-MULTILINEAR_BACKWARD = {"sum", "mean", "matmul", "broadcast_to", "reshape", "transpose",
+MULTILINEAR_FORWARD = {"sum", "mean", "matmul", "conv2d", "conv_transpose2d"}
+MULTILINEAR_BACKWARD = {"sum", "mean", "matmul", "conv2d", "conv_transpose2d", "broadcast_to", "reshape", "transpose",
                         "getitem", "concat", "contiguous"}
 #: Broadcasting elementwise operations. The gradient of a broadcast input is
 #: a sum over the broadcast axes of per-element terms (g * dy/dx), and each

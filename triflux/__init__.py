@@ -31,7 +31,8 @@ from .ops import (matmul, concat, cat, reshape, transpose, where, maximum, minim
 from .activations import (identity, relu, sigmoid, σ, tanh, softmax, logsoftmax, logsumexp,  # noqa: E402
                           leakyrelu, elu, gelu, swish, softplus)
 from .autodiff import gradient, withgradient  # noqa: E402
-from .layers import Layer, Dense, Chain, flatten, SkipConnection, Parallel, GlobalMeanPool  # noqa: E402
+from .layers import (Layer, Dense, Chain, flatten, SkipConnection, Parallel, GlobalMeanPool,  # noqa: E402
+                     MaxPool, MeanPool, Upsample, Conv, ConvTranspose, BatchNorm, Dropout)
 from .data import DataLoader  # noqa: E402
 from .precision import f32, f64, f16, bf16  # noqa: E402
 from .modes import trainmode, testmode  # noqa: E402

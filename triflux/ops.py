@@ -432,3 +432,96 @@ def zeros_like(x):
 
 def ones_like(x):
     return fill(x.shape, 1, x.dtype, x.device)
+
+
+# --- convolution, pooling, normalisation, dropout (NCHW) ------------------------------------
+
+def pair(v, name="value"):
+    """``v`` as a pair of ints: 3 -> (3, 3); (2, 3) stays."""
+    if isinstance(v, (int, np.integer)):
+        return (int(v), int(v))
+    v = tuple(int(e) for e in v)
+    if len(v) != 2:
+        raise ValueError(f"{name} must be an int or a pair of ints, got {v}")
+    return v
+
+
+def quad(pad, name="pad"):
+    """Padding as (top, bottom, left, right): an int, (h, w) or the four."""
+    if isinstance(pad, (int, np.integer)):
+        return (int(pad),) * 4
+    pad = tuple(int(p) for p in pad)
+    if len(pad) == 2:
+        return (pad[0], pad[0], pad[1], pad[1])
+    if len(pad) == 4:
+        return pad
+    raise ValueError(f"{name} must be an int, (h, w) or (top, bottom, left, right), got {pad}")
+
+
+def _spatial_input(name, x, channels=None):
+    x = _floating(x, name)
+    if x.ndim != 4:
+        raise ShapeError(f"`{name}` expects a 4-d (N, C, H, W) input, got shape {x.shape}")
+    if channels is not None and x.shape[1] != channels:
+        raise ShapeError(f"`{name}` expects {channels} input channels (axis 1), got shape {x.shape}")
+    return x
+
+
+def conv2d(x, w, *, stride=1, padding=0, dilation=1, groups=1):
+    """Cross-correlation of ``x`` (N, C, H, W) with ``w`` (O, C/groups, kh, kw)."""
+    w = _floating(w, "conv2d")
+    x = _spatial_input("conv2d", x, w.shape[1] * groups if w.ndim == 4 else None)
+    x, w = _promote(x, w)
+    return apply(_P["conv2d"], (x, w), {"stride": pair(stride, "stride"), "padding": quad(padding),
+                                         "dilation": pair(dilation, "dilation"), "groups": int(groups)}, "conv2d")
+
+
+def conv_transpose2d(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+    """The adjoint of ``conv2d``: ``x`` (N, C, H, W), ``w`` (C, O/groups, kh, kw)."""
+    w = _floating(w, "conv_transpose2d")
+    x = _spatial_input("conv_transpose2d", x, w.shape[0] if w.ndim == 4 else None)
+    x, w = _promote(x, w)
+    return apply(_P["conv_transpose2d"], (x, w),
+                 {"stride": pair(stride, "stride"), "padding": quad(padding),
+                  "output_padding": pair(output_padding, "output_padding"),
+                  "dilation": pair(dilation, "dilation"), "groups": int(groups)}, "conv_transpose2d")
+
+
+def maxpool2d(x, window, stride=None, padding=0):
+    x = _spatial_input("maxpool2d", x)
+    window = pair(window, "window")
+    return apply(_P["maxpool2d"], (x,), {"window": window, "stride": pair(stride or window, "stride"),
+                                         "padding": quad(padding)}, "maxpool2d")
+
+
+def meanpool2d(x, window, stride=None, padding=0):
+    x = _spatial_input("meanpool2d", x)
+    window = pair(window, "window")
+    return apply(_P["meanpool2d"], (x,), {"window": window, "stride": pair(stride or window, "stride"),
+                                          "padding": quad(padding)}, "meanpool2d")
+
+
+def upsample(x, scale=2, mode="nearest"):
+    x = _spatial_input("upsample", x)
+    if mode not in ("nearest", "bilinear"):
+        raise ValueError(f"upsample mode must be 'nearest' or 'bilinear', got {mode!r}")
+    return apply(_P[f"upsample_{mode}2d"], (x,), {"scale": pair(scale, "scale")}, f"upsample_{mode}2d")
+
+
+def batchnorm(x, gamma, beta, mean=None, var=None, eps=1e-5):
+    """Batch normalisation over axis 1: with the batch's statistics when
+    ``mean``/``var`` are None, else with the given ones."""
+    x = _floating(x, "batchnorm")
+    if x.ndim < 2:
+        raise ShapeError(f"`batchnorm` expects (N, C, ...) input, got shape {x.shape}")
+    if mean is None:
+        return apply(_P["batchnorm_train"], (x, gamma, beta), {"eps": float(eps)}, "batchnorm")
+    return apply(_P["batchnorm_test"], (x, gamma, beta, mean, var), {"eps": float(eps)}, "batchnorm")
+
+
+def dropout(x, p, seed=None):
+    """Zero each element with probability ``p``, scale the rest by 1/(1-p)."""
+    x = _floating(x, "dropout")
+    if not 0 <= p <= 1:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    return apply(_P["dropout"], (x,), {"p": float(p), "seed": next_seed() if seed is None else int(seed)}, "dropout")

@@ -61,3 +61,28 @@ register("adamw_update", "optimise", differentiable=False, in_place=True,
          doc="inputs: x, g, m, v; attrs: eta, beta1, beta2, epsilon, lambd, step")
 register("rmsprop_update", "optimise", differentiable=False, in_place=True,
          doc="inputs: x, g, s; attrs: eta, rho, epsilon")
+
+# --- convolution (issue 3): NCHW inputs, PyTorch weight layouts ------------------------------
+register("conv2d", "conv",
+         doc="inputs: x (N, C, H, W), w (O, C/groups, kh, kw); attrs: stride (sh, sw), "
+             "padding (top, bottom, left, right), dilation (dh, dw), groups. Cross-correlation, as torch.")
+register("conv_transpose2d", "conv",
+         doc="inputs: x (N, C, H, W), w (C, O/groups, kh, kw); attrs: stride, padding (top, bottom, left, "
+             "right), output_padding (oh, ow), dilation, groups. The adjoint of conv2d, as torch.")
+
+# --- pooling and upsampling (issue 3) --------------------------------------------------------
+register("maxpool2d", "pool", doc="attrs: window (kh, kw), stride (sh, sw), padding (top, bottom, left, right)")
+register("meanpool2d", "pool", doc="attrs: window, stride, padding; padding counts as zeros (torch's "
+                                   "count_include_pad=True)")
+register("upsample_nearest2d", "pool", doc="attrs: scale (sh, sw), positive integers")
+register("upsample_bilinear2d", "pool", doc="attrs: scale (sh, sw); align_corners=False, as torch")
+
+# --- normalisation (issue 3) -----------------------------------------------------------------
+register("batchnorm_train", "norm", doc="inputs: x (N, C, ...), gamma (C,), beta (C,); attrs: eps. "
+                                        "Normalises with the batch's mean and biased variance per channel")
+register("batchnorm_test", "norm", doc="inputs: x, gamma, beta, mean (C,), var (C,); attrs: eps. "
+                                       "Uses the given (running) statistics; no gradient for mean and var")
+
+# --- dropout (issue 3) -------------------------------------------------------------------------
+register("dropout", "dropout", random=True, doc="attrs: p, seed. y = x * mask / (1 - p), the mask drawn on the device "
+                                   "from the seed (the backward redraws it)")

@@ -2,4 +2,6 @@
 from .base import Layer
 from .basic import Chain, Dense, flatten, Flatten
 from .containers import SkipConnection, Parallel
-from .pool import GlobalMeanPool
+from .pool import GlobalMeanPool, MaxPool, MeanPool, Upsample
+from .conv import Conv, ConvTranspose
+from .norm import BatchNorm, Dropout

@@ -1,0 +1,206 @@
+"""Convolutions, NumPy reference (forward and backward).
+
+Layout: batch-first NCHW. ``conv2d`` takes ``x`` of shape (N, C, H, W) and a
+weight ``w`` of shape (O, C/G, kh, kw) (PyTorch's layout, G = ``groups``);
+it is a cross-correlation, as in torch:
+
+    xp = x zero-padded by (top, bottom, left, right)
+    y[n, o, p, q] = sum_{c in group(o), i, j}
+                    xp[n, c, p*sh + i*dh, q*sw + j*dw] * w[o, c - g(o)*C/G, i, j]
+
+with output sides ``Ho = (H + top + bottom - dh*(kh-1) - 1) // sh + 1`` (and
+likewise ``Wo``); output channel ``o`` sees the input channels of its group
+``g(o) = o // (O/G)``.
+
+``conv_transpose2d`` is the adjoint (transpose) of ``conv2d`` with respect to
+its input: its forward is conv2d's input gradient, its backward uses conv2d's
+forward and conv2d's weight gradient. Nothing is computed twice.
+
+Everything is im2col (``sliding_window_view``, a view, then one reshaped copy)
+followed by one batched ``matmul``; the input gradient scatters back with one slice-add per kernel
+tap (kh*kw of them), never a loop over pixels. float16/bfloat16 compute in
+float32 and round once at the end; float32 and float64 stay as they are.
+"""
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..errors import DTypeError, ShapeError
+
+
+def _compute_dtype(dtype):
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype.itemsize == 2 else dtype
+
+
+def _out_side(n, lo, hi, k, s, d):
+    return (n + lo + hi - d * (k - 1) - 1) // s + 1
+
+
+def _check(x, w, groups):
+    if x.ndim != 4 or w.ndim != 4:
+        raise ShapeError(f"conv needs x of shape (N, C, H, W) and w of 4 dimensions, got "
+                         f"{x.shape} and {w.shape}")
+    if x.dtype != w.dtype:
+        raise DTypeError(f"conv of {x.dtype} and {w.dtype}: convert one of them first")
+    if groups < 1 or x.shape[1] % groups or w.shape[0] % groups:
+        raise ShapeError(f"groups={groups} must divide the channels of x {x.shape} and of w {w.shape}")
+
+
+def _windows(x, w_shape, stride, padding, dilation):
+    """im2col as a view: (N, C, Ho, Wo, kh, kw) with
+    ``cols[n, c, p, q, i, j] = xp[n, c, p*sh + i*dh, q*sw + j*dw]``."""
+    kh, kw = w_shape[2], w_shape[3]
+    (sh, sw), (pt, pb, pl, pr), (dh, dw) = stride, padding, dilation
+    N, C, H, W = x.shape
+    Ho = _out_side(H, pt, pb, kh, sh, dh)
+    Wo = _out_side(W, pl, pr, kw, sw, dw)
+    if Ho < 1 or Wo < 1:
+        raise ShapeError(f"conv: the padded input {x.shape} is smaller than the dilated kernel "
+                         f"{(kh, kw)} (dilation {dilation}, padding {padding})")
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    ext_h, ext_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+    win = sliding_window_view(xp, (ext_h, ext_w), axis=(2, 3))   # (N, C, Hp', Wp', ext_h, ext_w)
+    return win[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :Ho, :Wo]
+
+
+def _as_matrix(cols, N, G, Cg, Ho, Wo, kh, kw):
+    """The (N, C, Ho, Wo, kh, kw) window view as im2col matrices
+    (N, G, Ho*Wo, Cg*kh*kw): rows are output pixels, columns (c, i, j)."""
+    cols = cols.reshape(N, G, Cg, Ho, Wo, kh, kw).transpose(0, 1, 3, 4, 2, 5, 6)
+    return cols.reshape(N, G, Ho * Wo, Cg * kh * kw)
+
+
+def _conv2d(x, w, stride, padding, dilation, groups):
+    """The forward formula (module docstring), in the compute dtype."""
+    N, C = x.shape[:2]
+    O, Cg, kh, kw = w.shape
+    G = groups
+    cols = _windows(x, w.shape, stride, padding, dilation)
+    Ho, Wo = cols.shape[2], cols.shape[3]
+    # the im2col matrix (N, G, Ho*Wo, Cg*kh*kw) times the weights (G, Cg*kh*kw, O/G):
+    # y[n, g, (p, q), o] = sum_{(c, i, j)} cols[n, g, (p, q), (c, i, j)] * w[g, o, (c, i, j)]
+    cols = _as_matrix(cols, N, G, Cg, Ho, Wo, kh, kw)
+    wm = w.reshape(G, O // G, Cg * kh * kw).transpose(0, 2, 1)
+    y = np.matmul(cols, wm[None])                                # (N, G, Ho*Wo, O/G)
+    return y.transpose(0, 1, 3, 2).reshape(N, O, Ho, Wo)
+
+
+def _conv2d_input_grad(g, w, x_shape, stride, padding, dilation, groups):
+    """dL/dx of conv2d for dL/dy = g (N, O, Ho, Wo):
+
+        dxp[n, c, p*sh + i*dh, q*sw + j*dw] += sum_{o in group(c)} g[n, o, p, q] * w[o, c', i, j]
+        dx = dxp with the padding cropped off
+
+    (one slice-add per kernel tap (i, j)). This is also conv_transpose2d's forward."""
+    N, C, H, W = x_shape
+    O, Cg, kh, kw = w.shape
+    G = groups
+    (sh, sw), (pt, pb, pl, pr), (dh, dw) = stride, padding, dilation
+    Ho, Wo = g.shape[2], g.shape[3]
+    gg = g.reshape(N, G, O // G, Ho, Wo)
+    wg = w.reshape(G, O // G, Cg, kh, kw)
+    dxp = np.zeros((N, G, Cg, H + pt + pb, W + pl + pr), dtype=g.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            # tap[n, g, c, p, q] = sum_o w[g, o, c, i, j] * g[n, g, o, p, q]
+            tap = np.matmul(wg[None, :, :, :, i, j].transpose(0, 1, 3, 2),
+                            gg.reshape(N, G, O // G, Ho * Wo)).reshape(N, G, Cg, Ho, Wo)
+            dxp[..., i * dh: i * dh + sh * (Ho - 1) + 1: sh,
+                j * dw: j * dw + sw * (Wo - 1) + 1: sw] += tap
+    return dxp.reshape(N, C, H + pt + pb, W + pl + pr)[:, :, pt: pt + H, pl: pl + W]
+
+
+def _conv2d_weight_grad(x, g, w_shape, stride, padding, dilation, groups):
+    """dL/dw of conv2d for dL/dy = g:
+
+        dw[o, c', i, j] = sum_{n, p, q} g[n, o, p, q] * xp[n, g(o)*C/G + c', p*sh + i*dh, q*sw + j*dw]
+    """
+    N = x.shape[0]
+    O, Cg, kh, kw = w_shape
+    G = groups
+    cols = _windows(x, w_shape, stride, padding, dilation)
+    Ho, Wo = cols.shape[2], cols.shape[3]
+    # dw[g, o, (c, i, j)] = sum_{n, (p, q)} g[n, g, o, (p, q)] * cols[n, g, (p, q), (c, i, j)]
+    cols = _as_matrix(cols, N, G, Cg, Ho, Wo, kh, kw)             # (N, G, Ho*Wo, Cg*kh*kw)
+    gg = g.reshape(N, G, O // G, Ho * Wo)
+    # sum over n and (p, q) as one product: fold n into the contraction
+    cols = cols.transpose(1, 0, 2, 3).reshape(G, N * Ho * Wo, Cg * kh * kw)
+    gg = gg.transpose(1, 2, 0, 3).reshape(G, O // G, N * Ho * Wo)
+    dw = np.matmul(gg, cols)                                      # (G, O/G, Cg*kh*kw)
+    return dw.reshape(O, Cg, kh, kw)
+
+
+def _prepared(*arrays):
+    ct = _compute_dtype(arrays[0].dtype)
+    return [np.asarray(a).astype(ct, copy=False) for a in arrays]
+
+
+def conv2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
+    """y = conv2d(x, w): the cross-correlation of the module docstring,
+    ``y[n, o, p, q] = sum_{c, i, j} xp[n, c, p*sh + i*dh, q*sw + j*dw] * w[o, c, i, j]``
+    (c over the group of o). Output (N, O, Ho, Wo) in x's dtype."""
+    _check(x, w, groups)
+    if x.shape[1] // groups != w.shape[1]:
+        raise ShapeError(f"conv2d: w {w.shape} needs C/groups = {x.shape[1] // groups} input channels")
+    xc, wc = _prepared(x, w)
+    return _conv2d(xc, wc, stride, padding, dilation, groups).astype(x.dtype, copy=False)
+
+
+def conv2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
+    """Adjoint of y = conv2d(x, w) with G = dL/dy:
+
+        dx[n, c, h, v] = sum_{o, i, j : h + top = p*sh + i*dh, v + left = q*sw + j*dw} G[n, o, p, q] w[o, c', i, j]
+                         (conv_transpose2d(G, w), the "full" correlation with the flipped kernel)
+        dw[o, c', i, j] = sum_{n, p, q} G[n, o, p, q] xp[n, c, p*sh + i*dh, q*sw + j*dw]
+    """
+    gc, xc, wc = _prepared(grad, x, w)
+    dx = _conv2d_input_grad(gc, wc, x.shape, stride, padding, dilation, groups)
+    dw = _conv2d_weight_grad(xc, gc, w.shape, stride, padding, dilation, groups)
+    return dx.astype(x.dtype, copy=False), dw.astype(w.dtype, copy=False)
+
+
+def _transpose_out_shape(x, w, stride, padding, output_padding, dilation, groups):
+    N, Cin, H, W = x.shape
+    _, Og, kh, kw = w.shape
+    (sh, sw), (pt, pb, pl, pr), (dh, dw), (oph, opw) = stride, padding, dilation, output_padding
+    if not (0 <= oph < sh and 0 <= opw < sw):
+        raise ShapeError(f"conv_transpose2d: output_padding {output_padding} must be smaller than "
+                         f"the stride {stride}")
+    Ho = (H - 1) * sh - pt - pb + dh * (kh - 1) + oph + 1
+    Wo = (W - 1) * sw - pl - pr + dw * (kw - 1) + opw + 1
+    if Ho < 1 or Wo < 1:
+        raise ShapeError(f"conv_transpose2d: the padding {padding} crops the whole output")
+    return (N, Og * groups, Ho, Wo)
+
+
+def conv_transpose2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), output_padding=(0, 0),
+                             dilation=(1, 1), groups=1):
+    """y = conv_transpose2d(x, w), x (N, Cin, H, W), w (Cin, O/G, kh, kw): the
+    adjoint of conv2d (weight w read as a conv2d weight of Cin outputs and O/G
+    inputs per group) with the same stride/padding/dilation/groups:
+
+        y = dL/dz of z = conv2d(u, w) at dL/dz = x, for u of shape (N, O, Ho, Wo),
+        Ho = (H - 1)*sh - top - bottom + dh*(kh - 1) + output_padding_h + 1.
+
+    output_padding (< stride) adds rows/columns at the bottom/right, as torch."""
+    _check(x, w, groups)
+    if x.shape[1] != w.shape[0]:
+        raise ShapeError(f"conv_transpose2d: w {w.shape} needs {x.shape[1]} input channels first")
+    shape = _transpose_out_shape(x, w, stride, padding, output_padding, dilation, groups)
+    xc, wc = _prepared(x, w)
+    y = _conv2d_input_grad(xc, wc, shape, stride, padding, dilation, groups)
+    return np.ascontiguousarray(y).astype(x.dtype, copy=False)
+
+
+def conv_transpose2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0),
+                              output_padding=(0, 0), dilation=(1, 1), groups=1):
+    """Adjoint of y = conv_transpose2d(x, w) = A_w^T x (A_w: conv2d by w), G = dL/dy:
+
+        dx = A_w G = conv2d(G, w)                       (the same stride, padding, ...)
+        dw = conv2d's weight gradient with input G and output gradient x:
+        dw[c, o', i, j] = sum_{n, p, q} x[n, c, p, q] Gp[n, o, p*sh + i*dh, q*sw + j*dw]
+    """
+    gc, xc, wc = _prepared(grad, x, w)
+    dx = _conv2d(gc, wc, stride, padding, dilation, groups)
+    dw = _conv2d_weight_grad(gc, xc, w.shape, stride, padding, dilation, groups)
+    return dx.astype(x.dtype, copy=False), dw.astype(w.dtype, copy=False)

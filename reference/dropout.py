@@ -1,0 +1,52 @@
+"""Dropout, NumPy reference.
+
+y = x * m / (1 - p), with m[i] ~ Bernoulli(1 - p) independently: m[i] = 1 when
+u[i] >= p for u = ``np.random.default_rng(seed).random(x.size)`` taken in
+row-major order, so the mask is a function of (seed, linear index) only and
+the backward redraws it from the seed (nothing is stored). p = 1 drops
+everything (y = 0, no division by zero); p = 0 is the identity.
+
+The Triton kernel draws its mask with Triton's Philox generator
+(``tl.rand(seed, i)``): the two sides' masks have the same distribution but
+are not the same numbers.
+"""
+import numpy as np
+
+from .fill import check_seed
+
+
+def _check_p(p):
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability p must be in [0, 1], got {p}")
+    return p
+
+
+def dropout_mask(shape, p, seed):
+    """m (float64 0/1 array of ``shape``): 1 where the element is kept."""
+    p = _check_p(p)
+    n = int(np.prod(shape, dtype=np.int64))
+    u = np.random.default_rng(check_seed(seed)).random(n).reshape(shape)
+    return (u >= p).astype(np.float64)
+
+
+def _scale(p):
+    """1 / (1 - p), and 0 for p = 1 (every element is dropped)."""
+    return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+
+
+def dropout_forward(x, p, seed):
+    """y = x * m / (1 - p),   m ~ Bernoulli(1 - p) from ``seed``."""
+    x = np.asarray(x)
+    p = _check_p(p)
+    keep = dropout_mask(x.shape, p, seed).astype(bool)
+    return np.where(keep, x * x.dtype.type(_scale(p)), x.dtype.type(0)).astype(x.dtype)
+
+
+def dropout_backward(grad, out, x, p, seed):
+    """dx = g * m / (1 - p), the mask m redrawn from ``seed``."""
+    x = np.asarray(x)
+    p = _check_p(p)
+    g = np.asarray(grad, dtype=x.dtype)
+    keep = dropout_mask(x.shape, p, seed).astype(bool)
+    return (np.where(keep, g * x.dtype.type(_scale(p)), x.dtype.type(0)).astype(x.dtype),)

@@ -1,0 +1,142 @@
+"""Convolution layers: Conv (cross-correlation, as PyTorch and Flux's
+CrossCor) and ConvTranspose, on (N, C, H, W) inputs with PyTorch's weight
+layouts, so PyTorch weights load without flipping."""
+import numpy as np
+
+from .. import ops
+from .. import dtypes as _dt
+from ..activations import identity
+from ..errors import ShapeError
+from ..tensor import Tensor, transfer, as_device
+from .base import Layer
+from .basic import check_input, glorot_uniform
+
+
+def _same_padding(kernel, dilation):
+    """PyTorch's padding="same" for stride 1: the total d(k-1) split with the
+    extra element at the bottom/right."""
+    out = []
+    for k, d in zip(kernel, dilation):
+        total = d * (k - 1)
+        out += [total // 2, total - total // 2]
+    return (out[0], out[1], out[2], out[3])
+
+
+def _four_d(layer, x):
+    x = ops.as_tensor(np.asarray(x) if not isinstance(x, Tensor) else x)
+    if x.ndim != 4:
+        raise ShapeError(f"{layer!r} expects a 4-d (N, C, H, W) input, got shape {x.shape}")
+    return x
+
+
+def _pad_str(pad):
+    t, b, l, r = pad
+    if t == b == l == r:
+        return str(t)
+    if t == b and l == r:
+        return f"({t}, {l})"
+    return str(pad)
+
+
+class Conv(Layer):
+    """``activation(conv2d(x, weight) + bias)``: ``Conv((3, 3), 3, 16, relu)``
+    is Flux's ``Conv((3, 3), 3 => 16, relu)``. ``weight`` is
+    ``(out, in/groups, kh, kw)``; ``pad`` is an int, ``(h, w)``,
+    ``(top, bottom, left, right)`` or ``"same"``."""
+
+    def __init__(self, kernel, in_channels, out_channels, activation=identity, *, stride=1, pad=0,
+                 dilation=1, groups=1, bias=True, init=glorot_uniform, dtype=_dt.float32, device=None):
+        kernel = ops.pair(kernel, "kernel")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"Conv: channels {in_channels} => {out_channels} must both be divisible by groups={groups}")
+        self.stride, self.dilation, self.groups = ops.pair(stride, "stride"), ops.pair(dilation, "dilation"), int(groups)
+        if pad == "same":
+            if self.stride != (1, 1):
+                raise ValueError('Conv: pad="same" needs stride 1 (as in PyTorch)')
+            pad = _same_padding(kernel, self.dilation)
+        self.pad = ops.quad(pad)
+        k = kernel[0] * kernel[1]
+        w = init(out_channels, in_channels // groups, *kernel, fan_in=k * in_channels // groups,
+                 fan_out=k * out_channels // groups, dtype=dtype) if init is glorot_uniform else \
+            ops.as_tensor(init(out_channels, in_channels // groups, *kernel))
+        self.weight = ops.cast(w, dtype)
+        self.bias = Tensor._from_numpy(np.zeros(out_channels, dtype=_dt.as_dtype(dtype))) if bias else None
+        self.activation = activation
+        if device is not None:
+            dev = as_device(device)
+            self.weight = transfer(self.weight, dev)
+            self.bias = None if self.bias is None else transfer(self.bias, dev)
+
+    def __call__(self, x):
+        cin = self.weight.shape[1] * self.groups
+        x = check_input(self, _four_d(self, x), self.weight, axis=1, expected=cin, what="channels")
+        kh, kw = self.weight.shape[2:]
+        t, b, l, r = self.pad
+        for size, k, d, lo, hi, axis in ((x.shape[2], kh, self.dilation[0], t, b, "height"),
+                                         (x.shape[3], kw, self.dilation[1], l, r, "width")):
+            if size + lo + hi < d * (k - 1) + 1:
+                raise ShapeError(f"{self!r}: input {axis} {size} (padded {size + lo + hi}) is smaller than the "
+                                 f"kernel's extent {d * (k - 1) + 1}; input shape {x.shape}")
+        y = ops.conv2d(x, self.weight, stride=self.stride, padding=self.pad, dilation=self.dilation,
+                       groups=self.groups)
+        if self.bias is not None:
+            y = y + ops.reshape(self.bias, (1, -1, 1, 1))
+        return self.activation(y)
+
+    def _signature(self):
+        from ..show import fname
+        o, i, kh, kw = self.weight.shape
+        s = f"({kh}, {kw}), {i * self.groups} => {o}"
+        if self.activation is not identity:
+            s += f", {fname(self.activation)}"
+        for name, v, default in (("pad", _pad_str(self.pad), "0"), ("stride", self.stride, (1, 1)),
+                                 ("dilation", self.dilation, (1, 1)), ("groups", self.groups, 1)):
+            if v != default:
+                s += f", {name}={v if not isinstance(v, tuple) or v[0] != v[1] else v[0]}"
+        if self.bias is None:
+            s += ", bias=false"
+        return s
+
+
+class ConvTranspose(Layer):
+    """``activation(conv_transpose2d(x, weight) + bias)``, the upsampling
+    convolution of a UNET decoder. ``weight`` is ``(in, out/groups, kh, kw)``
+    (PyTorch's ConvTranspose2d layout)."""
+
+    def __init__(self, kernel, in_channels, out_channels, activation=identity, *, stride=1, pad=0,
+                 outpad=0, dilation=1, groups=1, bias=True, init=glorot_uniform, dtype=_dt.float32, device=None):
+        kernel = ops.pair(kernel, "kernel")
+        self.stride, self.dilation, self.groups = ops.pair(stride, "stride"), ops.pair(dilation, "dilation"), int(groups)
+        self.pad, self.outpad = ops.quad(pad), ops.pair(outpad, "outpad")
+        k = kernel[0] * kernel[1]
+        w = init(in_channels, out_channels // groups, *kernel, fan_in=k * out_channels // groups,
+                 fan_out=k * in_channels // groups, dtype=dtype) if init is glorot_uniform else \
+            ops.as_tensor(init(in_channels, out_channels // groups, *kernel))
+        self.weight = ops.cast(w, dtype)
+        self.bias = Tensor._from_numpy(np.zeros(out_channels, dtype=_dt.as_dtype(dtype))) if bias else None
+        self.activation = activation
+        if device is not None:
+            dev = as_device(device)
+            self.weight = transfer(self.weight, dev)
+            self.bias = None if self.bias is None else transfer(self.bias, dev)
+
+    def __call__(self, x):
+        x = check_input(self, _four_d(self, x), self.weight, axis=1, expected=self.weight.shape[0],
+                        what="channels")
+        y = ops.conv_transpose2d(x, self.weight, stride=self.stride, padding=self.pad,
+                                 output_padding=self.outpad, dilation=self.dilation, groups=self.groups)
+        if self.bias is not None:
+            y = y + ops.reshape(self.bias, (1, -1, 1, 1))
+        return self.activation(y)
+
+    def _signature(self):
+        from ..show import fname
+        i, o, kh, kw = self.weight.shape
+        s = f"({kh}, {kw}), {i} => {o * self.groups}"
+        if self.activation is not identity:
+            s += f", {fname(self.activation)}"
+        if self.stride != (1, 1):
+            s += f", stride={self.stride[0] if self.stride[0] == self.stride[1] else self.stride}"
+        if self.pad != (0, 0, 0, 0):
+            s += f", pad={_pad_str(self.pad)}"
+        return s

@@ -1,0 +1,87 @@
+"""BatchNorm and Dropout: layers that behave differently in training.
+
+As in Flux, they are active inside ``gradient`` and inactive outside, unless
+``trainmode``/``testmode`` pinned them (their ``active`` attribute)."""
+import numpy as np
+
+from .. import ops
+from .. import dtypes as _dt
+from ..activations import identity
+from ..modes import is_active
+from ..tensor import Tensor, transfer, as_device
+from .base import Layer
+from .basic import check_input
+
+
+class BatchNorm(Layer):
+    """Normalise each channel (axis 1) of ``(N, C, ...)`` input:
+    ``activation(weight * (x - μ) / sqrt(σ² + eps) + bias)``.
+
+    In training, μ and σ² are the batch's (biased variance) and the running
+    statistics move: ``running = (1 - momentum) * running + momentum * batch``
+    with the unbiased batch variance, as Flux and PyTorch do. In testing the
+    running statistics are used. ``weight`` is Flux's γ, ``bias`` β,
+    ``running_mean`` μ and ``running_var`` σ² (not trained)."""
+    _nontrainable = ("running_mean", "running_var")
+
+    def __init__(self, channels, activation=identity, *, eps=1e-5, momentum=0.1, dtype=_dt.float32, device=None):
+        dtype = _dt.as_dtype(dtype)
+        self.weight = Tensor._from_numpy(np.ones(channels, dtype))
+        self.bias = Tensor._from_numpy(np.zeros(channels, dtype))
+        self.running_mean = Tensor._from_numpy(np.zeros(channels, dtype))
+        self.running_var = Tensor._from_numpy(np.ones(channels, dtype))
+        self.activation = activation
+        self.eps, self.momentum = float(eps), float(momentum)
+        self.active = None
+        if device is not None:
+            dev = as_device(device)
+            for name in ("weight", "bias", "running_mean", "running_var"):
+                setattr(self, name, transfer(getattr(self, name), dev))
+
+    def __call__(self, x):
+        x = check_input(self, x, self.weight, axis=1, expected=self.weight.shape[0], what="channels")
+        if not is_active(self):
+            y = ops.batchnorm(x, self.weight, self.bias, self.running_mean, self.running_var, self.eps)
+            return self.activation(y)
+        y = ops.batchnorm(x, self.weight, self.bias, eps=self.eps)
+        self._update_running_stats(x)
+        return self.activation(y)
+
+    def _update_running_stats(self, x):
+        # a fresh Tensor over the same storage: not watched, so not recorded
+        x = Tensor._make(x._data, x._device)
+        axes = (0,) + tuple(range(2, x.ndim))
+        n = x.size // x.shape[1]
+        mean = ops.mean(x, axis=axes)
+        var = ops.mean((x - ops.reshape(mean, (1, -1) + (1,) * (x.ndim - 2))) ** 2, axis=axes)
+        unbiased = var * (n / max(n - 1, 1))
+        m = self.momentum
+        self.running_mean = self.running_mean * (1 - m) + mean * m
+        self.running_var = self.running_var * (1 - m) + unbiased * m
+
+    def _signature(self):
+        from ..show import fname
+        s = f"{self.weight.shape[0]}"
+        if self.activation is not identity:
+            s += f", {fname(self.activation)}"
+        return s
+
+
+class Dropout(Layer):
+    """Zero each element with probability ``p`` in training, scaling the
+    rest by ``1/(1-p)``; the identity in testing. The mask is drawn on the
+    input's device from triflux's seeded stream (``triflux.seed``)."""
+
+    def __init__(self, p):
+        if not 0 <= p <= 1:
+            raise ValueError(f"Dropout probability must be in [0, 1], got {p}")
+        self.p = float(p)
+        self.active = None
+
+    def __call__(self, x):
+        if not is_active(self) or self.p == 0:
+            return x
+        return ops.dropout(x, self.p)
+
+    def _signature(self):
+        return f"{self.p}"

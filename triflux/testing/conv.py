@@ -1,0 +1,94 @@
+"""Strategies and torch oracles for the ``conv`` family.
+
+Small NCHW problems for the interpreter: N <= 2 (0 included), channels per
+group 1-2 with groups 1-2, sides up to 9 (1 included), kernels up to 3,
+strides and dilations 1-2, asymmetric padding (top, bottom, left, right) in
+0..2, output_padding below the stride, and random layouts for x and w.
+
+Oracles: ``torch.nn.functional.conv2d`` on the input padded by ``F.pad``
+(asymmetric padding); ``conv_transpose2d`` is computed by torch with no
+padding and then cropped by ``F.pad`` with negative widths (top/left and
+bottom/right minus output_padding), which is exactly torch's own
+padding/output_padding semantics generalised to asymmetric padding; for
+symmetric padding it equals ``F.conv_transpose2d(..., padding=p,
+output_padding=op)`` (checked in tests/test_conv_family.py).
+"""
+from . import Case, floats, layouts_for
+
+
+def _common(draw, st):
+    groups = draw(st.sampled_from((1, 1, 2)))
+    n = draw(st.sampled_from((0, 1, 1, 2, 2)))
+    kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    padding = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    return groups, n, (kh, kw), stride, dilation, padding
+
+
+def conv2d_strategy(dtype):
+    from hypothesis import strategies as st
+
+    @st.composite
+    def case(draw):
+        groups, n, (kh, kw), stride, dilation, padding = _common(draw, st)
+        cg, og = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+        pt, pb, pl, pr = padding
+        # the padded input must hold one dilated kernel
+        min_h = max(1, dilation[0] * (kh - 1) + 1 - pt - pb)
+        min_w = max(1, dilation[1] * (kw - 1) + 1 - pl - pr)
+        h = draw(st.integers(min_h, max(min_h, 9)))
+        w_ = draw(st.integers(min_w, max(min_w, 9)))
+        x = draw(floats((n, cg * groups, h, w_), -2.0, 2.0))
+        w = draw(floats((og * groups, cg, kh, kw), -2.0, 2.0))
+        attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+        return Case(inputs=(x, w), attrs=attrs, layouts=draw(layouts_for(2)),
+                    note=f"x {x.shape} w {w.shape} {attrs}")
+
+    return case()
+
+
+def conv_transpose2d_strategy(dtype):
+    from hypothesis import strategies as st
+
+    @st.composite
+    def case(draw):
+        groups, n, (kh, kw), stride, dilation, padding = _common(draw, st)
+        cg, og = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+        output_padding = (draw(st.integers(0, stride[0] - 1)), draw(st.integers(0, stride[1] - 1)))
+        pt, pb, pl, pr = padding
+        # the output side (h - 1)*s - pt - pb + d*(k - 1) + op + 1 must be >= 1
+        h = draw(st.integers(1, 7))
+        w_ = draw(st.integers(1, 7))
+        while (h - 1) * stride[0] + dilation[0] * (kh - 1) + output_padding[0] + 1 - pt - pb < 1:
+            h += 1
+        while (w_ - 1) * stride[1] + dilation[1] * (kw - 1) + output_padding[1] + 1 - pl - pr < 1:
+            w_ += 1
+        x = draw(floats((n, cg * groups, h, w_), -2.0, 2.0))
+        w = draw(floats((cg * groups, og, kh, kw), -2.0, 2.0))
+        attrs = dict(stride=stride, padding=padding, output_padding=output_padding,
+                     dilation=dilation, groups=groups)
+        return Case(inputs=(x, w), attrs=attrs, layouts=draw(layouts_for(2)),
+                    note=f"x {x.shape} w {w.shape} {attrs}")
+
+    return case()
+
+
+def conv2d_torch(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
+    """The oracle: ``F.conv2d`` on ``F.pad(x)`` (torch's padding is symmetric only)."""
+    import torch.nn.functional as F
+    pt, pb, pl, pr = padding
+    return F.conv2d(F.pad(x, (pl, pr, pt, pb)), w, stride=tuple(stride), dilation=tuple(dilation),
+                    groups=groups)
+
+
+def conv_transpose2d_torch(x, w, stride=(1, 1), padding=(0, 0, 0, 0), output_padding=(0, 0),
+                           dilation=(1, 1), groups=1):
+    """The oracle: ``F.conv_transpose2d`` without padding, then cropped by
+    ``F.pad`` with negative widths: top/left by the padding, bottom/right by
+    the padding less output_padding (torch's semantics, made asymmetric)."""
+    import torch.nn.functional as F
+    pt, pb, pl, pr = padding
+    oh, ow = output_padding
+    y = F.conv_transpose2d(x, w, stride=tuple(stride), dilation=tuple(dilation), groups=groups)
+    return F.pad(y, (-pl, ow - pr, -pt, oh - pb))
