@@ -12,41 +12,8 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from perf.test_bench_cpu import MLP, _data  # noqa: E402
-
-
-def triflux_step():
-    import triflux as tf
-    from triflux import losses, optimise
-    x, y = _data()
-    s = MLP["sizes"]
-    model = tf.Chain(tf.Dense(s[0], s[1], tf.relu), tf.Dense(s[1], s[2], tf.relu), tf.Dense(s[2], s[3]))
-    opt = optimise.setup(optimise.Adam(1e-3), model)
-    xt, yt = tf.tensor(x), tf.tensor(y)
-
-    def step():
-        _, (g,) = tf.withgradient(lambda m: losses.logitcrossentropy(m(xt), yt), model)
-        optimise.update(opt, model, g)
-    return step
-
-
-def torch_step():
-    import torch
-    x, y = _data()
-    s = MLP["sizes"]
-    model = torch.nn.Sequential(torch.nn.Linear(s[0], s[1]), torch.nn.ReLU(), torch.nn.Linear(s[1], s[2]),
-                                torch.nn.ReLU(), torch.nn.Linear(s[2], s[3]))
-    opt = torch.optim.Adam(model.parameters(), 1e-3)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-
-    def step():
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(xt), yt).backward()
-        opt.step()
-    return step
+from perf.test_bench_cpu import torch_mlp_step, triflux_mlp_step  # noqa: E402
 
 
 def per_step(fn, n=10):
@@ -58,7 +25,7 @@ def per_step(fn, n=10):
 
 def time_side(side, steps=60):
     """Median seconds per step of one side, measured in this process."""
-    step = triflux_step() if side == "triflux" else torch_step()
+    step = triflux_mlp_step() if side == "triflux" else torch_mlp_step()
     for _ in range(5):
         step()
     return statistics.median(per_step(step, 5) for _ in range(steps // 5))

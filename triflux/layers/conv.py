@@ -22,6 +22,19 @@ def _same_padding(kernel, dilation):
     return (out[0], out[1], out[2], out[3])
 
 
+def _init_parameters(layer, shape, fan_in, fan_out, out_channels, init, bias, dtype, device):
+    """``layer.weight`` of ``shape`` from ``init`` (Glorot with the
+    convolution's fans by default) and a zero ``layer.bias``, on ``device``."""
+    w = init(*shape, fan_in=fan_in, fan_out=fan_out, dtype=dtype) if init is glorot_uniform else \
+        ops.as_tensor(init(*shape))
+    layer.weight = ops.cast(w, dtype)
+    layer.bias = Tensor._from_numpy(np.zeros(out_channels, dtype=_dt.as_dtype(dtype))) if bias else None
+    if device is not None:
+        dev = as_device(device)
+        layer.weight = transfer(layer.weight, dev)
+        layer.bias = None if layer.bias is None else transfer(layer.bias, dev)
+
+
 def _four_d(layer, x):
     x = ops.as_tensor(np.asarray(x) if not isinstance(x, Tensor) else x)
     if x.ndim != 4:
@@ -56,16 +69,9 @@ class Conv(Layer):
             pad = _same_padding(kernel, self.dilation)
         self.pad = ops.quad(pad)
         k = kernel[0] * kernel[1]
-        w = init(out_channels, in_channels // groups, *kernel, fan_in=k * in_channels // groups,
-                 fan_out=k * out_channels // groups, dtype=dtype) if init is glorot_uniform else \
-            ops.as_tensor(init(out_channels, in_channels // groups, *kernel))
-        self.weight = ops.cast(w, dtype)
-        self.bias = Tensor._from_numpy(np.zeros(out_channels, dtype=_dt.as_dtype(dtype))) if bias else None
+        _init_parameters(self, (out_channels, in_channels // groups, *kernel), k * in_channels // groups,
+                         k * out_channels // groups, out_channels, init, bias, dtype, device)
         self.activation = activation
-        if device is not None:
-            dev = as_device(device)
-            self.weight = transfer(self.weight, dev)
-            self.bias = None if self.bias is None else transfer(self.bias, dev)
 
     def __call__(self, x):
         cin = self.weight.shape[1] * self.groups
@@ -109,16 +115,9 @@ class ConvTranspose(Layer):
         self.stride, self.dilation, self.groups = ops.pair(stride, "stride"), ops.pair(dilation, "dilation"), int(groups)
         self.pad, self.outpad = ops.quad(pad), ops.pair(outpad, "outpad")
         k = kernel[0] * kernel[1]
-        w = init(in_channels, out_channels // groups, *kernel, fan_in=k * out_channels // groups,
-                 fan_out=k * in_channels // groups, dtype=dtype) if init is glorot_uniform else \
-            ops.as_tensor(init(in_channels, out_channels // groups, *kernel))
-        self.weight = ops.cast(w, dtype)
-        self.bias = Tensor._from_numpy(np.zeros(out_channels, dtype=_dt.as_dtype(dtype))) if bias else None
+        _init_parameters(self, (in_channels, out_channels // groups, *kernel), k * out_channels // groups,
+                         k * in_channels // groups, out_channels, init, bias, dtype, device)
         self.activation = activation
-        if device is not None:
-            dev = as_device(device)
-            self.weight = transfer(self.weight, dev)
-            self.bias = None if self.bias is None else transfer(self.bias, dev)
 
     def __call__(self, x):
         x = check_input(self, _four_d(self, x), self.weight, axis=1, expected=self.weight.shape[0],
