@@ -37,6 +37,8 @@ import triton.language as tl
 from . import common
 from .common import store_value
 from ..errors import DTypeError, ShapeError
+# the shape arithmetic is the reference's: both sides read attrs the same way
+from ..reference.conv import _out_side, _transpose_out_shape
 
 _DOT_NATIVE = 0
 _DOT_F32 = 1
@@ -231,10 +233,6 @@ def _check(x, w, groups):
                          f"w {tuple(w.shape)}")
 
 
-def _out_side(n, lo, hi, k, s, d):
-    return (n + lo + hi - d * (k - 1) - 1) // s + 1
-
-
 def _conv2d(x, w, stride, padding, dilation, groups):
     """conv2d forward into a new dense tensor (the reference's formula)."""
     N, C, H, W = x.shape
@@ -314,20 +312,6 @@ def conv2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilati
     dx = _conv2d_input_grad(grad, w, tuple(x.shape), stride, padding, dilation, groups, x.dtype)
     dw = _conv2d_weight_grad(x, grad, tuple(w.shape), stride, padding, dilation, groups, w.dtype)
     return dx, dw
-
-
-def _transpose_out_shape(x, w, stride, padding, output_padding, dilation, groups):
-    N, Cin, H, W = x.shape
-    _, Og, kh, kw = w.shape
-    (sh, sw), (pt, pb, pl, pr), (dh, dw), (oph, opw) = stride, padding, dilation, output_padding
-    if not (0 <= oph < sh and 0 <= opw < sw):
-        raise ShapeError(f"conv_transpose2d: output_padding {output_padding} must be smaller than "
-                         f"the stride {stride}")
-    Ho = (H - 1) * sh - pt - pb + dh * (kh - 1) + oph + 1
-    Wo = (W - 1) * sw - pl - pr + dw * (kw - 1) + opw + 1
-    if Ho < 1 or Wo < 1:
-        raise ShapeError(f"conv_transpose2d: the padding {padding} crops the whole output")
-    return (N, Og * groups, Ho, Wo)
 
 
 def conv_transpose2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), output_padding=(0, 0),
