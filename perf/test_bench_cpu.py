@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 import triflux as tf
-from triflux import losses, optimise
+
+from triflux.benchmarks import torch_mlp_step, torch_unet_step, triflux_mlp_step, triflux_unet_step
 
 torch = pytest.importorskip("torch")
-
-MLP = dict(batch=128, sizes=(784, 256, 256, 10))
 
 
 # --- per-op dispatch overhead: a tiny add, where only overhead matters ------------------
@@ -52,44 +51,7 @@ def test_overhead_grad_torch(benchmark):
     benchmark(step)
 
 
-# --- an MLP training step: forward, backward, Adam --------------------------------------
-
-def _data():
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((MLP["batch"], MLP["sizes"][0])).astype(np.float32)
-    y = np.eye(MLP["sizes"][-1], dtype=np.float32)[rng.integers(0, MLP["sizes"][-1], MLP["batch"])]
-    return x, y
-
-
-def triflux_mlp_step():
-    """A closure running one triflux training step of the MLP."""
-    x, y = _data()
-    s = MLP["sizes"]
-    model = tf.Chain(tf.Dense(s[0], s[1], tf.relu), tf.Dense(s[1], s[2], tf.relu), tf.Dense(s[2], s[3]))
-    opt = optimise.setup(optimise.Adam(1e-3), model)
-    xt, yt = tf.tensor(x), tf.tensor(y)
-
-    def step():
-        _, (g,) = tf.withgradient(lambda m: losses.logitcrossentropy(m(xt), yt), model)
-        optimise.update(opt, model, g)
-    return step
-
-
-def torch_mlp_step():
-    """A closure running one torch training step of the same MLP."""
-    x, y = _data()
-    s = MLP["sizes"]
-    model = torch.nn.Sequential(torch.nn.Linear(s[0], s[1]), torch.nn.ReLU(), torch.nn.Linear(s[1], s[2]),
-                                torch.nn.ReLU(), torch.nn.Linear(s[2], s[3]))
-    opt = torch.optim.Adam(model.parameters(), 1e-3)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-
-    def step():
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(xt), yt).backward()
-        opt.step()
-    return step
-
+# --- training steps: forward, backward, Adam (triflux/benchmarks.py builds both sides) ---------
 
 @pytest.mark.benchmark(group="mlp-step: 784-256-256-10 relu, batch 128, Adam, float32")
 def test_mlp_step_triflux(benchmark):
@@ -99,3 +61,16 @@ def test_mlp_step_triflux(benchmark):
 @pytest.mark.benchmark(group="mlp-step: 784-256-256-10 relu, batch 128, Adam, float32")
 def test_mlp_step_torch(benchmark):
     benchmark(torch_mlp_step())
+
+
+UNET_GROUP = "unet-step: UNet(3, 2) depth 4, base 64, batch 4, 64x64, Adam, float32"
+
+
+@pytest.mark.benchmark(group=UNET_GROUP)
+def test_unet_step_triflux(benchmark):
+    benchmark.pedantic(triflux_unet_step(), rounds=5, warmup_rounds=1)
+
+
+@pytest.mark.benchmark(group=UNET_GROUP)
+def test_unet_step_torch(benchmark):
+    benchmark.pedantic(torch_unet_step(), rounds=5, warmup_rounds=1)

@@ -16,9 +16,10 @@ likewise ``Wo``); output channel ``o`` sees the input channels of its group
 its input: its forward is conv2d's input gradient, its backward uses conv2d's
 forward and conv2d's weight gradient. Nothing is computed twice.
 
-Everything is im2col (``sliding_window_view``, a view, then one reshaped copy)
-followed by one batched ``matmul``; the input gradient scatters back with one slice-add per kernel
-tap (kh*kw of them), never a loop over pixels. float16/bfloat16 compute in
+Everything is im2col (``sliding_window_view``, a view, then one reshaped copy
+laid out as (channel, tap) rows by pixel columns) followed by one batched
+``matmul``; the input gradient is one ``matmul`` followed by col2im, one
+slice-add per kernel tap (kh*kw of them), never a loop over pixels. float16/bfloat16 compute in
 float32 and round once at the end; float32 and float64 stay as they are.
 """
 import numpy as np
@@ -46,9 +47,20 @@ def _check(x, w, groups):
         raise ShapeError(f"groups={groups} must divide the channels of x {x.shape} and of w {w.shape}")
 
 
+def _padded(x, padding):
+    """x zero-padded by (top, bottom, left, right) on its last two axes."""
+    pt, pb, pl, pr = padding
+    if not any(padding):
+        return x
+    N, C, H, W = x.shape
+    xp = np.zeros((N, C, H + pt + pb, W + pl + pr), dtype=x.dtype)
+    xp[:, :, pt: pt + H, pl: pl + W] = x
+    return xp
+
+
 def _windows(x, w_shape, stride, padding, dilation):
-    """im2col as a view: (N, C, Ho, Wo, kh, kw) with
-    ``cols[n, c, p, q, i, j] = xp[n, c, p*sh + i*dh, q*sw + j*dw]``."""
+    """im2col as a view: (N, C, kh, kw, Ho, Wo) with
+    ``cols[n, c, i, j, p, q] = xp[n, c, p*sh + i*dh, q*sw + j*dw]``."""
     kh, kw = w_shape[2], w_shape[3]
     (sh, sw), (pt, pb, pl, pr), (dh, dw) = stride, padding, dilation
     N, C, H, W = x.shape
@@ -57,57 +69,58 @@ def _windows(x, w_shape, stride, padding, dilation):
     if Ho < 1 or Wo < 1:
         raise ShapeError(f"conv: the padded input {x.shape} is smaller than the dilated kernel "
                          f"{(kh, kw)} (dilation {dilation}, padding {padding})")
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    xp = _padded(x, padding)
     ext_h, ext_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
     win = sliding_window_view(xp, (ext_h, ext_w), axis=(2, 3))   # (N, C, Hp', Wp', ext_h, ext_w)
-    return win[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :Ho, :Wo]
+    win = win[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :Ho, :Wo]
+    return win.transpose(0, 1, 4, 5, 2, 3)
 
 
-def _as_matrix(cols, N, G, Cg, Ho, Wo, kh, kw):
-    """The (N, C, Ho, Wo, kh, kw) window view as im2col matrices
-    (N, G, Ho*Wo, Cg*kh*kw): rows are output pixels, columns (c, i, j)."""
-    cols = cols.reshape(N, G, Cg, Ho, Wo, kh, kw).transpose(0, 1, 3, 4, 2, 5, 6)
-    return cols.reshape(N, G, Ho * Wo, Cg * kh * kw)
+def _as_matrix(cols, G):
+    """The (N, C, kh, kw, Ho, Wo) window view as im2col matrices
+    (N, G, Cg*kh*kw, Ho*Wo): rows (c, i, j), columns the output pixels (p, q).
+    This reshape is the one copy im2col makes; its inner axis runs along
+    an image row, so it copies at memory speed."""
+    N, C, kh, kw, Ho, Wo = cols.shape
+    return cols.reshape(N, G, C // G * kh * kw, Ho * Wo)
 
 
 def _conv2d(x, w, stride, padding, dilation, groups):
     """The forward formula (module docstring), in the compute dtype."""
-    N, C = x.shape[:2]
+    N = x.shape[0]
     O, Cg, kh, kw = w.shape
     G = groups
     cols = _windows(x, w.shape, stride, padding, dilation)
-    Ho, Wo = cols.shape[2], cols.shape[3]
-    # the im2col matrix (N, G, Ho*Wo, Cg*kh*kw) times the weights (G, Cg*kh*kw, O/G):
-    # y[n, g, (p, q), o] = sum_{(c, i, j)} cols[n, g, (p, q), (c, i, j)] * w[g, o, (c, i, j)]
-    cols = _as_matrix(cols, N, G, Cg, Ho, Wo, kh, kw)
-    wm = w.reshape(G, O // G, Cg * kh * kw).transpose(0, 2, 1)
-    y = np.matmul(cols, wm[None])                                # (N, G, Ho*Wo, O/G)
-    return y.transpose(0, 1, 3, 2).reshape(N, O, Ho, Wo)
+    Ho, Wo = cols.shape[4], cols.shape[5]
+    # the weights (G, O/G, Cg*kh*kw) times the im2col matrix (N, G, Cg*kh*kw, Ho*Wo):
+    # y[n, g, o, (p, q)] = sum_{(c, i, j)} w[g, o, (c, i, j)] * cols[n, g, (c, i, j), (p, q)]
+    wm = w.reshape(G, O // G, Cg * kh * kw)
+    y = np.matmul(wm[None], _as_matrix(cols, G))                 # (N, G, O/G, Ho*Wo)
+    return y.reshape(N, O, Ho, Wo)
 
 
 def _conv2d_input_grad(g, w, x_shape, stride, padding, dilation, groups):
     """dL/dx of conv2d for dL/dy = g (N, O, Ho, Wo):
 
-        dxp[n, c, p*sh + i*dh, q*sw + j*dw] += sum_{o in group(c)} g[n, o, p, q] * w[o, c', i, j]
+        dcols[n, c, i, j, p, q] = sum_{o in group(c)} w[o, c', i, j] * g[n, o, p, q]
+        dxp[n, c, p*sh + i*dh, q*sw + j*dw] += dcols[n, c, i, j, p, q]     (col2im)
         dx = dxp with the padding cropped off
 
-    (one slice-add per kernel tap (i, j)). This is also conv_transpose2d's forward."""
+    (one matmul, then one slice-add per kernel tap (i, j)). This is also
+    conv_transpose2d's forward."""
     N, C, H, W = x_shape
     O, Cg, kh, kw = w.shape
     G = groups
     (sh, sw), (pt, pb, pl, pr), (dh, dw) = stride, padding, dilation
     Ho, Wo = g.shape[2], g.shape[3]
-    gg = g.reshape(N, G, O // G, Ho, Wo)
-    wg = w.reshape(G, O // G, Cg, kh, kw)
-    dxp = np.zeros((N, G, Cg, H + pt + pb, W + pl + pr), dtype=g.dtype)
+    wt = w.reshape(G, O // G, Cg * kh * kw).transpose(0, 2, 1)   # (G, Cg*kh*kw, O/G)
+    dcols = np.matmul(wt[None], g.reshape(N, G, O // G, Ho * Wo)).reshape(N, C, kh, kw, Ho, Wo)
+    dxp = np.zeros((N, C, H + pt + pb, W + pl + pr), dtype=g.dtype)
     for i in range(kh):
         for j in range(kw):
-            # tap[n, g, c, p, q] = sum_o w[g, o, c, i, j] * g[n, g, o, p, q]
-            tap = np.matmul(wg[None, :, :, :, i, j].transpose(0, 1, 3, 2),
-                            gg.reshape(N, G, O // G, Ho * Wo)).reshape(N, G, Cg, Ho, Wo)
-            dxp[..., i * dh: i * dh + sh * (Ho - 1) + 1: sh,
-                j * dw: j * dw + sw * (Wo - 1) + 1: sw] += tap
-    return dxp.reshape(N, C, H + pt + pb, W + pl + pr)[:, :, pt: pt + H, pl: pl + W]
+            dxp[:, :, i * dh: i * dh + sh * (Ho - 1) + 1: sh,
+                j * dw: j * dw + sw * (Wo - 1) + 1: sw] += dcols[:, :, i, j]
+    return dxp[:, :, pt: pt + H, pl: pl + W]
 
 
 def _conv2d_weight_grad(x, g, w_shape, stride, padding, dilation, groups):
@@ -118,15 +131,13 @@ def _conv2d_weight_grad(x, g, w_shape, stride, padding, dilation, groups):
     N = x.shape[0]
     O, Cg, kh, kw = w_shape
     G = groups
-    cols = _windows(x, w_shape, stride, padding, dilation)
-    Ho, Wo = cols.shape[2], cols.shape[3]
-    # dw[g, o, (c, i, j)] = sum_{n, (p, q)} g[n, g, o, (p, q)] * cols[n, g, (p, q), (c, i, j)]
-    cols = _as_matrix(cols, N, G, Cg, Ho, Wo, kh, kw)             # (N, G, Ho*Wo, Cg*kh*kw)
-    gg = g.reshape(N, G, O // G, Ho * Wo)
-    # sum over n and (p, q) as one product: fold n into the contraction
-    cols = cols.transpose(1, 0, 2, 3).reshape(G, N * Ho * Wo, Cg * kh * kw)
-    gg = gg.transpose(1, 2, 0, 3).reshape(G, O // G, N * Ho * Wo)
-    dw = np.matmul(gg, cols)                                      # (G, O/G, Cg*kh*kw)
+    cols = _windows(x, w_shape, stride, padding, dilation)       # (N, C, kh, kw, Ho, Wo)
+    Ho, Wo = cols.shape[4], cols.shape[5]
+    # one product over (n, p, q) together: both factors laid out with the batch inside
+    # dw[g, o, (c, i, j)] = sum_{(n, p, q)} g[g, o, (n, p, q)] * cols[g, (c, i, j), (n, p, q)]
+    cols = cols.transpose(1, 2, 3, 0, 4, 5).reshape(G, Cg * kh * kw, N * Ho * Wo)
+    gg = g.reshape(N, G, O // G, Ho * Wo).transpose(1, 2, 0, 3).reshape(G, O // G, N * Ho * Wo)
+    dw = np.matmul(gg, cols.transpose(0, 2, 1))                  # (G, O/G, Cg*kh*kw)
     return dw.reshape(O, Cg, kh, kw)
 
 
@@ -204,3 +215,88 @@ def conv_transpose2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 
     dx = _conv2d(gc, wc, stride, padding, dilation, groups)
     dw = _conv2d_weight_grad(gc, xc, w.shape, stride, padding, dilation, groups)
     return dx.astype(x.dtype, copy=False), dw.astype(w.dtype, copy=False)
+
+
+# --- conv2d with bias and activation fused (one primitive) -----------------------------------
+
+#: the activations whose derivative is a function of the output y alone
+BIAS_ACTIVATIONS = ("identity", "relu", "sigmoid", "tanh")
+
+
+def _bias_act_compute_dtype(dtype):
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype.itemsize == 2 else dtype
+
+
+def _check_bias_act(x, w, b, activation):
+    if activation not in BIAS_ACTIVATIONS:
+        raise ValueError(f"conv2d_bias_act: activation must be one of {BIAS_ACTIVATIONS} (those whose "
+                         f"derivative follows from the output), got {activation!r}; apply other "
+                         "activations after conv2d")
+    if np.ndim(b) != 1 or np.shape(b)[0] != np.shape(w)[0]:
+        raise ShapeError(f"conv2d_bias_act: the bias must have shape ({np.shape(w)[0]},) (one entry per "
+                         f"output channel of w {np.shape(w)}), got {np.shape(b)}")
+    if np.asarray(b).dtype != np.asarray(x).dtype:
+        raise DTypeError(f"conv2d_bias_act: the bias is {np.asarray(b).dtype} but x is "
+                         f"{np.asarray(x).dtype}; convert one of them first")
+
+
+def _activate(z, activation):
+    """act(z): identity z; relu max(z, 0); sigmoid 1 / (1 + exp(-z)); tanh."""
+    if activation == "relu":
+        return np.maximum(z, 0)          # (NaN stays NaN, as torch.relu)
+    if activation == "sigmoid":
+        e = np.exp(-np.abs(z))          # <= 1: no overflow for large |z|
+        return np.where(z >= 0, 1 / (1 + e), e / (1 + e))
+    if activation == "tanh":
+        return np.tanh(z)
+    return z
+
+
+def _activation_derivative(y, activation):
+    """act'(z) written in y = act(z): identity 1; relu [y > 0] (relu'(0) = 0,
+    as torch); sigmoid y (1 - y); tanh 1 - y^2."""
+    if activation == "relu":
+        return (y > 0).astype(y.dtype)
+    if activation == "sigmoid":
+        return y * (1 - y)
+    if activation == "tanh":
+        return 1 - y * y
+    return np.ones_like(y)
+
+
+def conv2d_bias_act_forward(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
+                            activation="identity"):
+    """y = act(conv2d(x, w) + b), one primitive (a Conv layer's whole forward):
+
+        y[n, o, p, q] = act(z[n, o, p, q]),  z[n, o, p, q] = conv2d(x, w)[n, o, p, q] + b[o]
+
+    with act one of identity, relu (max(z, 0)), sigmoid (1 / (1 + exp(-z)))
+    and tanh: the activations whose derivative is a function of y alone, so
+    the backward needs only the output. Computed in float32 for half-precision
+    inputs and rounded once; output (N, O, Ho, Wo) in x's dtype."""
+    _check_bias_act(x, w, b, activation)
+    ct = _bias_act_compute_dtype(np.asarray(x).dtype)
+    xc, wc, bc = (np.asarray(a).astype(ct, copy=False) for a in (x, w, b))
+    z = conv2d_forward(xc, wc, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    z = z + bc.reshape(1, -1, 1, 1)
+    return _activate(z, activation).astype(np.asarray(x).dtype, copy=False)
+
+
+def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                             groups=1, activation="identity"):
+    """Adjoint of y = act(conv2d(x, w) + b) with G = dL/dy, from the output y:
+
+        gz[n, o, p, q] = G[n, o, p, q] * act'(y[n, o, p, q])
+                         (identity: 1; relu: [y > 0]; sigmoid: y (1 - y); tanh: 1 - y^2)
+        db[o]          = sum_{n, p, q} gz[n, o, p, q]
+        (dx, dw)       = conv2d's adjoint (conv2d_backward) at the output gradient gz
+    """
+    ct = _bias_act_compute_dtype(np.asarray(x).dtype)
+    g, y, xc, wc = (np.asarray(a).astype(ct, copy=False) for a in (grad, out, x, w))
+    gz = g * _activation_derivative(y, activation)
+    db = gz.sum(axis=(0, 2, 3))
+    dx, dw = conv2d_backward(gz, gz, xc, wc, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return (np.asarray(dx).astype(np.asarray(x).dtype, copy=False),
+            np.asarray(dw).astype(np.asarray(w).dtype, copy=False),
+            db.astype(np.asarray(b).dtype, copy=False))

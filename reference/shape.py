@@ -216,7 +216,7 @@ def getitem_forward(x, *, index):
     Backward: ``dx = zeros(x.shape); dx[index] = g`` (basic indexing never
     selects an element twice, so assignment is the adjoint).
     """
-    return x[as_numpy_index(normalise_index(index, x.shape))]
+    return np.asarray(x[as_numpy_index(normalise_index(index, x.shape))])   # an int index gives a 0-d array
 
 
 def getitem_backward(g, out, x, *, index):

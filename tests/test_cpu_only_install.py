@@ -1,6 +1,6 @@
-"""NumPy is the only hard dependency of the CPU path: in a virtual
-environment without torch, triton or ml_dtypes, `import triflux` and CPU
-training work and import neither."""
+"""NumPy (and safetensors, for files) are the only dependencies of the CPU
+path: in a virtual environment without torch, triton or ml_dtypes,
+`import triflux`, CPU training, save and load work and import none of them."""
 import os
 import subprocess
 import sys
@@ -27,6 +27,10 @@ SCRIPT = textwrap.dedent("""
         optimise.update(opt, m, g)
         first = float(l) if first is None else first
     assert float(l) < first, (first, float(l))
+    tf.save("model.safetensors", {"model": m, "opt": opt})
+    back = tf.load("model.safetensors")
+    tf.loadmodel(m, back["model"])
+    np.testing.assert_array_equal(back["model"]["layers"][0]["weight"], m.layers[0].weight.numpy())
     for mod in ("torch", "triton", "ml_dtypes", "hypothesis"):
         assert mod not in sys.modules, mod + " was imported"
     try:
@@ -46,13 +50,15 @@ def test_cpu_path_needs_only_numpy(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    # The venv sees NumPy (only) and the source tree: link the numpy package in.
+    # The venv sees NumPy and safetensors (only) and the source tree: link those packages in.
     deps = tmp_path / "deps"
     deps.mkdir()
     os.symlink(os.path.dirname(np.__file__), deps / "numpy")
     libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
     if os.path.isdir(libs):
         os.symlink(libs, deps / "numpy.libs")
+    import safetensors
+    os.symlink(os.path.dirname(safetensors.__file__), deps / "safetensors")
     with open(os.path.join(site, "triflux_test.pth"), "w") as f:
         f.write(f"{deps}\n{ROOT}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}

@@ -73,7 +73,8 @@ def test_layer_names_itself_on_device_mismatch():
     with pytest.raises(DeviceMismatchError) as e:
         m(np.ones((1, 3), np.float32))
     msg = str(e.value)
-    assert "Dense(3 => 2)" in msg and "CUDADevice(0)" in msg and "CPUDevice()" in msg and "gpu(x)" in msg
+    assert "Dense(3 => 2)" in msg and "CUDADevice(0)" in msg and "CPUDevice()" in msg
+    assert "gpu(x)" in msg or "CUDADevice(0)(x)" in msg
 
 
 def test_get_device_of_objects():
@@ -86,44 +87,33 @@ def test_get_device_of_objects():
             tf.get_device(m)
 
 
-def test_gpu_is_a_noop_without_a_gpu_backend():
+def test_without_a_gpu_backend():
+    """CUDA_VISIBLE_DEVICES=-1, no interpreter (one subprocess for three checks):
+    `gpu` is a no-op; asking for a CUDA device gives a triflux error; even a
+    direct kernel call (bypassing device checks) never shows Triton's
+    '0 active drivers'."""
     r = run_python("""
         import numpy as np, triflux as tf
         x = np.ones(3)
         assert tf.gpu(x) is x
         assert not tf.functional("CUDA")
         print("OK", tf.get_device())
-    """, unset=("TRITON_INTERPRET",), env={"CUDA_VISIBLE_DEVICES": "-1"})
-    assert r.returncode == 0, r.stderr
-    assert "OK CPUDevice()" in r.stdout
-
-
-def test_no_driver_gives_a_triflux_error_not_triton_internals():
-    r = run_python("""
-        import numpy as np, triflux as tf
         try:
             tf.CUDADevice(0)(np.ones(3))
         except tf.NoGPUError as e:
-            print("ERR", e)
-    """, unset=("TRITON_INTERPRET",), env={"CUDA_VISIBLE_DEVICES": "-1"})
-    assert r.returncode == 0, r.stderr
-    assert "ERR no CUDA GPU backend is functional" in r.stdout
-    assert "active drivers" not in r.stdout + r.stderr
-
-
-def test_kernel_launch_without_driver_is_translated():
-    """Even a direct kernel call (bypassing device checks) never shows
-    Triton's '0 active drivers'."""
-    r = run_python("""
-        import torch, triflux as tf
+            print("ERR1", e)
+        import torch
         from triflux.triton_kernels import common
         try:
             common.full((3,), 1.0, torch.float32, "cpu")
         except tf.NoGPUError as e:
-            print("ERR", e)
+            print("ERR2", e)
     """, unset=("TRITON_INTERPRET",), env={"CUDA_VISIBLE_DEVICES": "-1"})
-    assert "active drivers" not in r.stdout + r.stderr, r.stderr
-    assert "ERR no GPU backend is functional" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "OK CPUDevice()" in r.stdout
+    assert "ERR1 no CUDA GPU backend is functional here: CUDA_VISIBLE_DEVICES='-1' hides all GPUs" in r.stdout
+    assert "ERR2 no GPU backend is functional" in r.stdout, r.stdout + r.stderr
+    assert "active drivers" not in r.stdout + r.stderr
 
 
 def test_cuda_visible_devices_minus_one_disables_the_interpreter_too():
@@ -136,7 +126,7 @@ def test_gpu_backend_preference_roundtrip(tmp_path):
     (tmp_path / "LocalPreferences.toml").write_text('[other]\nkeep = 1\n')
     r = run_python("import triflux as tf; tf.gpu_backend('amdgpu')", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "restart" in r.stdout
+    assert "restart" in r.stdout.lower()
     text = (tmp_path / "LocalPreferences.toml").read_text()
     assert 'gpu_backend = "AMDGPU"' in text and "[triflux]" in text and "keep = 1" in text
     r = run_python("import triflux as tf; print(tf.GPU_BACKEND)", cwd=tmp_path)

@@ -109,3 +109,52 @@ def test_flatten():
     assert tf.flatten(x).shape == (2, 12)
     with pytest.raises(ShapeError):
         tf.flatten(tf.tensor(1.0))
+
+
+# --- the device check at each layer's entry -----------------------------------------------------
+
+def _layers_with_parameters():
+    return [
+        (lambda: tf.Dense(3, 2, tf.relu), (2, 3), "Dense(3 => 2, relu)"),
+        (lambda: tf.Conv((3, 3), 2, 4), (1, 2, 5, 5), "Conv((3, 3), 2 => 4)"),
+        (lambda: tf.ConvTranspose((2, 2), 2, 3, stride=2), (1, 2, 4, 4), "ConvTranspose((2, 2), 2 => 3"),
+        (lambda: tf.BatchNorm(2), (3, 2, 4, 4), "BatchNorm(2)"),
+    ]
+
+
+@pytest.mark.skipif(not tf.functional("CUDA"), reason="no functional CUDA backend")
+@pytest.mark.parametrize("case", range(4), ids=["Dense", "Conv", "ConvTranspose", "BatchNorm"])
+@pytest.mark.parametrize("order", ["model_cpu_data_gpu", "model_gpu_data_cpu", "model_gpu_data_numpy"])
+def test_layer_entry_device_check_names_layer_devices_and_fix(monkeypatch, case, order):
+    from triflux import ops
+    from triflux.errors import DeviceMismatchError
+    make, shape, name = _layers_with_parameters()[case]
+    gpu, cpu = tf.CUDADevice(0), tf.cpu_device()
+    x = np.ones(shape, np.float32)
+    layer = make()
+    if order == "model_cpu_data_gpu":
+        model, data, pdev, xdev = layer, gpu(x), cpu, gpu
+    else:
+        model, data, pdev, xdev = gpu(layer), (cpu(x) if order == "model_gpu_data_cpu" else x), gpu, cpu
+    before = tf.state(model)
+
+    def no_kernels(*a, **k):
+        raise AssertionError("a primitive ran before the device check")
+    monkeypatch.setattr(ops, "apply", no_kernels)
+    for m in (model, tf.Chain(model)):
+        with pytest.raises(DeviceMismatchError) as e:
+            tf.trainmode(m)(data)
+        msg = str(e.value)
+        assert msg.startswith(name), msg
+        assert f"parameters are on {pdev!r}" in msg and f"input is on {xdev!r}" in msg
+        fix_x = "cpu" if pdev.is_cpu else "CUDADevice(0)"
+        fix_m = "cpu" if xdev.is_cpu else "CUDADevice(0)"
+        assert f"`x = {fix_x}(x)`" in msg and f"`model = {fix_m}(model)`" in msg
+    monkeypatch.undo()
+    after = tf.state(model)
+    for k in before:
+        if before[k] is not None:
+            np.testing.assert_array_equal(before[k], after[k])
+    # the fix works
+    fixed = (gpu if pdev == gpu else cpu)(data) if not isinstance(data, np.ndarray) else gpu(data)
+    assert model(fixed).device == pdev

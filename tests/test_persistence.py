@@ -203,3 +203,92 @@ def test_state_after_saved_file_like_roundtrip():
     loadmodel(opt, s)
     lf = opt["layers"][0]["weight"]
     assert lf.state[2] == 3 and isinstance(lf.state[2], int) and lf.rule == Adam(0.002, (0.8, 0.9))
+
+
+# --- resuming a training run exactly --------------------------------------------------------------
+
+_TRAIN = '''
+import numpy as np
+import triflux as tf
+from triflux.losses import mse
+
+
+def make(dev, seed):
+    tf.seed(seed)
+    m = tf.Chain(tf.Conv((3, 3), 1, 2, pad=1), tf.BatchNorm(2, tf.relu), tf.flatten, tf.Dense(2 * 5 * 5, 3))
+    return dev(m)
+
+
+def batches(dev, k0, k1):
+    """Batch i is a function of i alone: the data order needs no RNG state."""
+    out = []
+    for i in range(k0, k1):
+        rng = np.random.default_rng(i)
+        x = rng.standard_normal((4, 1, 5, 5)).astype(np.float32)
+        y = rng.standard_normal((4, 3)).astype(np.float32)
+        out.append((dev(tf.tensor(x)), dev(tf.tensor(y))))
+    return out
+
+
+def run(m, opt, dev, k0, k1):
+    return tf.train(lambda mm, x, y: mse(mm(x), y), m, batches(dev, k0, k1), opt)
+'''
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_resume_in_a_new_process_continues_exactly(tmp_path, dev):
+    """k steps, save model + optimiser state, load both into a fresh model and
+    optimiser in another process, go on: bit-identical to never stopping."""
+    from helpers import run_python
+    k, n = (3, 3) if dev == "cpu" else (2, 2)    # the interpreter is slow
+    ns = {}
+    exec(_TRAIN, ns)
+    d = device(dev)
+    m = ns["make"](d, 1)
+    opt = setup(Adam(0.01), m)
+    ns["run"](m, opt, d, 0, k)
+    ck = tf.save(tmp_path / "ck.safetensors", {"model": m, "opt": opt, "step": k})
+    ns["run"](m, opt, d, k, k + n)                    # the uninterrupted run
+    out = str(tmp_path / "resumed.safetensors")
+    dev_expr = "tf.cpu_device()" if dev == "cpu" else "tf.CUDADevice(0)"
+    r = run_python(_TRAIN + f'''
+d = {dev_expr}
+ck = tf.load({ck!r})
+m = make(d, 99)                                   # a different initialisation, overwritten by the load
+opt = tf.setup(tf.Adam(), m)                      # default hyperparameters, restored by the load
+tf.loadmodel(m, ck["model"])
+tf.loadmodel(opt, ck["opt"])
+run(m, opt, d, ck["step"], ck["step"] + {n})
+tf.save({out!r}, {{"model": m, "opt": opt}})
+''')
+    assert r.returncode == 0, r.stderr[-3000:]
+    resumed = tf.load(out)
+    want_m, want_o = state(m), state(opt)
+    assert len(leaves(want_m)) == 8                   # conv w/b, BN gamma/beta/mean/var, dense w/b
+    _same(resumed["model"], want_m)                   # bit-identical (assert_array_equal on every array)
+    _same(resumed["opt"], want_o)
+    assert resumed["opt"]["layers"][0]["weight"]["state"][2] == k + n
+    assert resumed["opt"]["layers"][3]["bias"]["rule"]["Adam"]["eta"] == 0.01
+
+
+def test_failed_optimiser_load_changes_nothing():
+    m = _mlp()
+    opt = setup(Adam(0.01), m)
+    x = tf.randn(4, 3)
+    (g,) = tf.gradient(lambda mm: mm(x).sum(), m)
+    update(opt, m, g)
+    before = state(opt)
+    src = setup(Adam(0.5), _mlp(2))
+    for _ in range(3):
+        update(src, m, g)
+    bad = state(src)
+    bad["layers"][2]["bias"]["state"][1] = np.zeros(3, np.float32)    # the last leaf does not fit
+    msg = _err(opt, bad)
+    assert "`layers[2].bias.state[1]`" in msg and "(2,)" in msg and "(3,)" in msg
+    after = state(opt)
+    _same(after, before)                                              # the moments are untouched
+    for path in (("layers", 0, "weight"), ("layers", 2, "bias")):
+        a, b = after, before
+        for p in path:
+            a, b = a[p], b[p]
+        assert a["rule"] == b["rule"] and a["state"][2] == b["state"][2] == 1   # rules and step counts too

@@ -139,3 +139,90 @@ def test_dtype_errors_say_what_to_do():
     if tf.functional("CUDA"):
         with pytest.raises(DTypeError, match="no device"):
             tf.gpu(np.ones(2, dtype=np.complex64))
+
+
+# --- conversions to NumPy and Python numbers, on every device ---------------------------------
+
+def _edge_tensors(d):
+    return {
+        "0-d float32": tf.tensor(np.float32(2.5), device=d),
+        "1-element bfloat16": tf.bf16(tf.tensor([1.5], device=d)),
+        "0-d bfloat16": tf.bf16(tf.tensor(np.float32(-3.0), device=d)),
+        "0-d int64": tf.tensor(np.array(7), device=d),
+        "1x1 bool": tf.tensor(np.array([[True]]), device=d),
+        "float16": tf.tensor(np.array([0.5], np.float16), device=d),
+    }
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_scalar_conversions_copy_from_any_device(dev):
+    d = device(dev)
+    t = _edge_tensors(d)
+    assert t["0-d float32"].item() == 2.5 and float(t["0-d float32"]) == 2.5 and int(t["0-d float32"]) == 2
+    assert t["1-element bfloat16"].item() == 1.5 and isinstance(t["1-element bfloat16"].item(), float)
+    assert float(t["0-d bfloat16"]) == -3.0 and int(t["0-d bfloat16"]) == -3 and bool(t["0-d bfloat16"])
+    assert t["0-d int64"].item() == 7 and isinstance(t["0-d int64"].item(), int)
+    assert [10, 20, 30, 40, 50, 60, 70, 80][t["0-d int64"]] == 80          # __index__
+    assert t["1x1 bool"].item() is True and bool(t["1x1 bool"]) and float(t["1x1 bool"]) == 1.0
+    assert float(t["float16"]) == 0.5
+    assert f"{t['0-d float32']:.3f}" == "2.500" and f"{t['0-d int64']:d}" == "7"
+    assert float(tf.tensor([1.0, 2.0], device=d).sum()) == 3.0
+    with pytest.raises(TypeError, match="index"):
+        [1, 2][t["0-d float32"]]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_conversions_of_empty_and_bigger_tensors_raise_clearly(dev):
+    d = device(dev)
+    e = tf.tensor(np.zeros((0, 3), np.float32), device=d)
+    for f, what in ((float, "float()"), (int, "int()"), (lambda t: t.item(), "item()")):
+        with pytest.raises(ValueError, match=r"exactly one element.*\(0, 3\)") as info:
+            f(e)
+        assert what in str(info.value)
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(e)
+    with pytest.raises(ValueError, match=r"exactly one element.*\(2,\)"):
+        float(tf.tensor([1.0, 2.0], device=d))
+    with pytest.raises(TypeError, match="one element"):
+        f"{tf.tensor([1.0, 2.0], device=d):.2f}"
+    assert e.tolist() == [] and e.numpy().shape == (0, 3)
+    assert "0×3" in repr(e) and repr(d) in repr(e)
+    assert f"{e}" == str(e)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_tolist_numpy_and_repr_on_edge_tensors(dev):
+    d = device(dev)
+    for name, t in _edge_tensors(d).items():
+        r = repr(t)
+        assert repr(d) in r and str(t.dtype) in r, name
+        assert np.asarray(t.numpy()).shape == t.shape, name
+    t = _edge_tensors(d)
+    assert t["1-element bfloat16"].tolist() == [1.5] and t["0-d bfloat16"].tolist() == -3.0
+    assert t["1x1 bool"].tolist() == [[True]] and t["0-d int64"].tolist() == 7
+    assert "1.5" in repr(t["1-element bfloat16"]) and "2.5" in repr(t["0-d float32"])
+    big = tf.tensor(np.arange(12, dtype=np.float32).reshape(3, 4), device=d)
+    assert big.tolist() == np.arange(12).reshape(3, 4).tolist()
+    assert "11." in repr(big)
+
+
+def test_asarray_of_a_device_tensor_raises_devicemismatch_naming_the_fix():
+    from triflux.errors import DeviceMismatchError
+    t = tf.tensor([1.0, 2.0])
+    a = np.asarray(t)
+    assert a.tolist() == [1.0, 2.0] and np.asarray(t, dtype=np.float64).dtype == np.float64
+    assert np.array(t, copy=True) is not t._data
+    with pytest.raises(ValueError, match="copy"):
+        np.asarray(t, dtype=np.float64, copy=False)
+    if not tf.functional("CUDA"):
+        pytest.skip("no functional CUDA backend")
+    dev = tf.CUDADevice(0)
+    for g in (dev(t), dev(np.zeros((0, 2), np.float32)), tf.bf16(dev(t)), dev(np.array(1.0, np.float32))):
+        assert g.device == dev
+        with pytest.raises(DeviceMismatchError) as e:
+            np.asarray(g)
+        msg = str(e.value)
+        assert repr(dev) in msg and "`cpu(t)`" in msg and "`t.numpy()`" in msg
+        with pytest.raises(DeviceMismatchError):
+            np.array(g)
+    assert np.asarray(tf.cpu(dev(t))).tolist() == [1.0, 2.0]

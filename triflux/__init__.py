@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 from . import dtypes  # noqa: E402
 from .errors import (TrifluxError, DeviceMismatchError, NoGPUError, BackendNotSupportedError,  # noqa: E402
                      DTypeError, ShapeError, OutOfMemoryError, NonFiniteError, StructureError,
-                     GradientError)
+                     GradientError, CheckpointError, InteropError)
 from .dtypes import float16, float32, float64, int32, int64, bool_  # noqa: E402
 from .devices import (CPUDevice, CUDADevice, AMDGPUDevice, MetalDevice, Device,  # noqa: E402
                       gpu, cpu, get_device, gpu_device, cpu_device, supported_devices, functional, reclaim)
@@ -34,17 +34,26 @@ from .autodiff import gradient, withgradient  # noqa: E402
 from .layers import (Layer, Dense, Chain, flatten, SkipConnection, Parallel, GlobalMeanPool,  # noqa: E402
                      MaxPool, MeanPool, Upsample, Conv, ConvTranspose, BatchNorm, Dropout)
 from .data import DataLoader  # noqa: E402
+from .memory import memory_status, MemoryStatus  # noqa: E402
 from .precision import f32, f64, f16, bf16  # noqa: E402
 from .modes import trainmode, testmode  # noqa: E402
 from . import losses, optimise, persistence  # noqa: E402
 from .losses import onehotbatch, onecold  # noqa: E402
-from .optimise import setup, update, train, adjust, Descent, Momentum, Nesterov, Adam, AdamW, RMSProp  # noqa: E402
-from .persistence import state, loadmodel  # noqa: E402
+from .optimise import (setup, update, train, adjust, Descent, Momentum, Nesterov, Adam, AdamW, RMSProp,  # noqa: E402
+                       MixedPrecision)
+from .persistence import state, loadmodel, save, load  # noqa: E402
+from .interop import from_torch, to_torch, from_dlpack, to_dlpack  # noqa: E402
 
 GPU_BACKEND = _pref()
+
+_LAZY_SUBMODULES = ("models", "registry", "primitives", "testing", "show", "functor", "reference", "triton_kernels",
+                    "benchmarks", "doctor", "interop", "serialization", "demos")
 
 
 def __getattr__(name):
     if name == "bfloat16":
         return dtypes.bfloat16
+    if name in _LAZY_SUBMODULES:  # `import triflux; triflux.models.UNet(...)` works
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'triflux' has no attribute {name!r}")

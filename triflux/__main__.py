@@ -4,8 +4,17 @@ import sys
 USAGE = """usage: python -m triflux COMMAND [options]
 
 commands:
+  demo unet    train a UNET to segment generated images of shapes, with progress bars,
+               checkpoints, metrics and plots (`python -m triflux demo unet --help`)
   demo mlp     train a small classifier (Chain/Dense/Adam) on the digits data set
+  doctor       which backends work here and why not, devices, versions, a kernel
+               self-test; exit status 1 when the preferred backend is not functional
+               (`python -m triflux doctor --help`)
+  bench        a quick run of the benchmarks: triflux vs torch on the same device, as a
+               table (`python -m triflux bench --help`; perf/ has the careful suites)
 """
+
+DEMOS = {"unet": "triflux.demos.unet", "mlp": "triflux.demos.mlp"}
 
 
 def main(argv=None):
@@ -14,14 +23,20 @@ def main(argv=None):
         print(USAGE)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    if cmd == "doctor":
+        from .doctor import main as doctor
+        return doctor(rest)
+    if cmd == "bench":
+        from .benchmarks import main as bench
+        return bench(rest)
     if cmd == "demo":
         if not rest or rest[0] in ("-h", "--help"):
-            print("usage: python -m triflux demo {mlp} [options]")
+            print(f"usage: python -m triflux demo {{{','.join(DEMOS)}}} [options]")
             return 0 if rest else 2
-        if rest[0] == "mlp":
-            from .demos.mlp import main as run
-            return run(rest[1:])
-        print(f"unknown demo {rest[0]!r}; available: mlp", file=sys.stderr)
+        if rest[0] in DEMOS:
+            import importlib
+            return importlib.import_module(DEMOS[rest[0]]).main(rest[1:])
+        print(f"unknown demo {rest[0]!r}; available: {', '.join(DEMOS)}", file=sys.stderr)
         return 2
     print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
     return 2

@@ -6,6 +6,9 @@ A device is a small hashable value: ``CPUDevice()``, ``CUDADevice(idx)``,
 (tensor, NumPy array, layer, model, tuple/list/dict, DataLoader) returns the
 structure with every array on that device, as ``Tensor``s.
 """
+import logging
+import sys
+
 import numpy as np
 
 from . import backend
@@ -68,26 +71,39 @@ class _TritonDevice(Device):
     @property
     def torch_device(self):
         """The torch device holding this device's memory (the CPU under the
-        Triton interpreter)."""
+        Triton interpreter, for every virtual device)."""
         tdev = _TORCH_DEVICES.get(self)
         if tdev is None:
             backend.require(self.backend)
+            check_index(self)
             torch = backend.torch()
-            if backend.interpreter_on():
+            if backend.facts().interpreter:
                 tdev = torch.device("cpu")
             else:
-                n = backend.device_count(self.backend)
-                if self.idx >= n:
-                    raise NoGPUError(f"{self!r} does not exist: {n} {self.backend} device(s) visible "
-                                     f"(indices 0..{n - 1}); check CUDA_VISIBLE_DEVICES")
-                tdev = torch.device("cuda", self.idx)
+                tdev = torch.device("cuda", self.idx)   # ROCm builds of torch call AMD GPUs "cuda" too
             _TORCH_DEVICES[self] = tdev
         return tdev
+
+    @property
+    def name(self):
+        """The device's name (the GPU model, or the interpreter's virtual device)."""
+        check_index(self)
+        return backend.visible_devices()[self.idx][1]
 
     def __repr__(self):
         if backend.interpreter_on():
             return f"{type(self).__name__}({self.idx}) [Triton interpreter on the CPU]"
         return f"{type(self).__name__}({self.idx})"
+
+
+def check_index(dev):
+    """Raise a NoGPUError when ``dev.idx`` is not a visible device."""
+    n = backend.device_count(dev.backend)
+    if dev.idx >= n:
+        have = f"indices 0..{n - 1}" if n else "none"
+        raise NoGPUError(
+            f"{type(dev).__name__}({dev.idx}) does not exist: {n} {dev.backend} device(s) visible ({have}); "
+            f"{backend.describe_visibility()}. Device indices count the visible devices from 0.")
 
 
 _TORCH_DEVICES = {}
@@ -133,15 +149,79 @@ def _preferred_backend():
     return gpu_backend_preference()
 
 
+#: ``get_device(verbose=True)`` reports through this logger (INFO for the
+#: choice and each skipped backend, WARNING for a preference that cannot be
+#: honoured). When nothing is configured to show it, the first verbose call
+#: gives it a handler that writes Flux-style lines (``[ Info: ...``) to
+#: stderr and lowers its level to INFO; an application that configures
+#: logging keeps control (set the "triflux" logger to INFO to see them).
+logger = logging.getLogger("triflux")
+
+
+class _FluxStyle(logging.Formatter):
+    def format(self, record):
+        return f"[ {record.levelname.capitalize()}: {record.getMessage()}"
+
+
+def _verbose_logger():
+    if not logger.hasHandlers():
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(_FluxStyle())
+        logger.addHandler(h)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    return logger
+
+
+class _Quiet:
+    def info(self, *a, **k):
+        pass
+
+    warning = info
+
+
+def _device_for(name, idx):
+    if name == "CPU":
+        return CPU
+    if name == "Metal":
+        return MetalDevice()
+    dev = _CLASSES[name](idx)
+    check_index(dev)
+    return dev
+
+
+def _parse_name(name, idx):
+    """"CUDA" or "cuda:1" -> (canonical backend, idx)."""
+    base, sep, rest = str(name).partition(":")
+    if sep:
+        try:
+            idx = int(rest)
+        except ValueError:
+            raise ValueError(f"bad device name {name!r}; write it like 'cuda:1'") from None
+    return _canonical(base), idx
+
+
 def get_device(x=None, backend_name=None, idx=0, verbose=False, **kw):
     """Two uses, as in Flux:
 
     * ``get_device(x)`` for a tensor, array or model: the device it lives on
       (``None`` if it holds no arrays); an error naming the devices if they
       disagree.
-    * ``get_device(backend=None, idx=0, verbose=False)``: a device object. With
-      no backend: the preference (``gpu_backend``) first, then CUDA, AMDGPU,
-      Metal, CPU, the first that is functional.
+    * ``get_device(backend=None, idx=0, verbose=False)`` (or
+      ``get_device("CUDA", 1)``, ``get_device("cuda:1")``): a device object.
+      With a backend: that backend's device ``idx`` (0-based among the
+      visible devices, see ``CUDA_VISIBLE_DEVICES``), or a ``NoGPUError``
+      that says why it is not functional or how many devices there are.
+      With no backend: the preference (``gpu_backend``, ``GPU_BACKEND``)
+      first, then CUDA, AMDGPU, Metal, CPU, the first that is functional.
+      ``verbose=True`` logs the choice and why each backend before it was
+      skipped, on the "triflux" logger (see ``triflux.devices.logger``)::
+
+          [ Info: Using backend set in preferences: CUDA.
+          [ Warning: Trying to use backend: CUDA but it is not functional: ...
+          [ Info: Skipping AMDGPU: this torch is not a ROCm build ...
+          [ Info: No functional GPU backend found! Defaulting to CPU.
+          [ Info: Using backend: CPU.
     """
     if "backend" in kw:
         backend_name = kw.pop("backend")
@@ -153,37 +233,63 @@ def get_device(x=None, backend_name=None, idx=0, verbose=False, **kw):
         backend_name, x = x, None
     if x is not None:
         return device_of(x)
-    log = (lambda msg: print(f"[triflux] {msg}")) if verbose else (lambda msg: None)
+    idx = int(idx)
+    log = _verbose_logger() if verbose else _Quiet()
     if backend_name is not None:
-        name = _canonical(backend_name)
-        if name == "CPU":
-            return CPU
-        if name == "Metal":
-            return MetalDevice()
-        backend.require(name)
-        return _CLASSES[name](idx)
-    order = []
+        name, idx = _parse_name(backend_name, idx)
+        if name not in ("CPU", "Metal"):
+            backend.require(name)
+        dev = _device_for(name, idx)
+        log.info(f"Using backend: {name}{_which(dev)}.")
+        return dev
+    tried = []
     pref = _preferred_backend()
     if pref:
-        order.append(pref)
-    order += [b for b in ("CUDA", "AMDGPU", "Metal") if b not in order]
-    for name in order:
-        if name == "CPU":
-            log("Using the CPU device (preference).")
+        log.info(f"Using backend set in preferences: {pref}.")
+        if pref == "CPU":
             return CPU
+        ok, why = backend.status(pref)
+        if ok:
+            dev = _device_for(pref, idx)
+            log.info(f"Using backend: {pref}{_which(dev)}.")
+            return dev
+        log.warning(f"Trying to use backend: {pref} but it is not functional here: {why}. "
+                    "Choosing a backend automatically; fix the cause, or change the preference "
+                    "with `triflux.gpu_backend(name)` and restart.")
+        tried.append(pref)
+    for name in ("CUDA", "AMDGPU", "Metal"):
+        if name in tried:
+            continue
         ok, why = backend.status(name)
         if ok:
-            log(f"Using {name} device {idx}: {why}.")
-            return _CLASSES[name](idx)
-        log(f"{name} is not functional: {why}.")
-    log("No functional GPU backend; using the CPU device.")
+            dev = _device_for(name, idx)
+            log.info(f"Using backend: {name}{_which(dev)}.")
+            return dev
+        log.info(f"Skipping {name}: {why}.")
+    log.info("No functional GPU backend found! Defaulting to CPU.")
+    log.info("Using backend: CPU.")
     return CPU
 
 
-def gpu_device(idx=None, verbose=False):
+def _which(dev):
+    if dev.is_cpu or dev.idx is None:
+        return ""
+    try:
+        return f", device {dev.idx} ({dev.name})"
+    except Exception:
+        return f", device {dev.idx}"
+
+
+def gpu_device(idx=None, verbose=False, force=False):
     """The default GPU device (preference, then CUDA, AMDGPU), or the CPU
-    device when none is functional, as MLDataDevices' ``gpu_device``."""
+    device when none is functional, as MLDataDevices' ``gpu_device``;
+    ``force=True`` raises a ``NoGPUError`` (with every backend's reason)
+    instead of falling back to the CPU."""
     dev = get_device(idx=idx or 0, verbose=verbose)
+    if force and (dev.is_cpu or isinstance(dev, MetalDevice)):
+        reasons = "; ".join(f"{b}: {backend.status(b)[1]}" for b in ("CUDA", "AMDGPU", "Metal"))
+        raise NoGPUError(f"no functional GPU backend found ({reasons}). "
+                         "Run `python -m triflux doctor` for details.")
     return dev
 
 

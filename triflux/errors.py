@@ -45,3 +45,12 @@ class StructureError(TrifluxError, ValueError):
 class GradientError(TrifluxError, RuntimeError):
     """Misuse of ``gradient``: non-scalar loss, nothing to differentiate, ..."""
 
+
+class CheckpointError(TrifluxError, ValueError):
+    """A file that ``load`` cannot read (missing, truncated, corrupt, a pickle
+    or another format), or an object ``save`` cannot store."""
+
+
+class InteropError(TrifluxError, ValueError):
+    """A module, layer or array that ``from_torch``/``to_torch``/DLPack cannot
+    translate (the message names where it is and what is supported)."""

@@ -25,6 +25,11 @@ _P = REGISTRY
 
 def _mismatch(opname, devices):
     a, b = devices[0], next(d for d in devices if d != devices[0])
+    if not a.is_cpu and not b.is_cpu:   # two GPUs
+        return DeviceMismatchError(
+            f"`{opname}` got tensors on different devices: {a!r} and {b!r}. "
+            f"Put them on one device first: `{type(a).__name__}({a.idx})(x)` moves x to the first, "
+            f"`{type(b).__name__}({b.idx})(x)` to the second, `cpu(x)` to the CPU.")
     gpu_side = b if a.is_cpu else a
     return DeviceMismatchError(
         f"`{opname}` got tensors on different devices: {a!r} and {b!r}. "
@@ -474,6 +479,30 @@ def conv2d(x, w, *, stride=1, padding=0, dilation=1, groups=1):
     x, w = _promote(x, w)
     return apply(_P["conv2d"], (x, w), {"stride": pair(stride, "stride"), "padding": quad(padding),
                                          "dilation": pair(dilation, "dilation"), "groups": int(groups)}, "conv2d")
+
+
+def conv2d_bias_act(x, w, b, *, stride=1, padding=0, dilation=1, groups=1, activation="identity"):
+    """``activation(conv2d(x, w) + b)`` as one fused primitive: ``x`` (N, C, H, W),
+    ``w`` (O, C/groups, kh, kw), ``b`` (O,); ``activation`` one of "identity",
+    "relu", "sigmoid", "tanh" (those whose derivative follows from the output)."""
+    if activation not in ("identity", "relu", "sigmoid", "tanh"):
+        raise ValueError(f"`conv2d_bias_act`: activation must be 'identity', 'relu', 'sigmoid' or 'tanh', "
+                         f"got {activation!r}; for another activation use `conv2d`, add the bias and apply it")
+    w = _floating(w, "conv2d_bias_act")
+    x = _spatial_input("conv2d_bias_act", x, w.shape[1] * groups if w.ndim == 4 else None)
+    x, w = _promote(x, w)
+    b = as_tensor(b)
+    if b.ndim != 1 or w.ndim < 1 or b.shape[0] != w.shape[0]:
+        raise ShapeError(f"`conv2d_bias_act`: the bias must have shape ({w.shape[0] if w.ndim else '?'},) "
+                         f"(one entry per output channel of w {w.shape}), got {b.shape}")
+    if b.dtype != x.dtype:  # promote as conv2d(x, w) + b would
+        b = _floating(b, "conv2d_bias_act")
+        x, b = _promote(x, b)
+        w = cast(w, x.dtype)
+    return apply(_P["conv2d_bias_act"], (x, w, b),
+                 {"stride": pair(stride, "stride"), "padding": quad(padding),
+                  "dilation": pair(dilation, "dilation"), "groups": int(groups),
+                  "activation": activation}, "conv2d_bias_act")
 
 
 def conv_transpose2d(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1):

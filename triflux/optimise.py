@@ -37,13 +37,13 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import ops
-from .errors import DeviceMismatchError, NonFiniteError, StructureError
+from .errors import DeviceMismatchError, GradientError, NonFiniteError, StructureError
 from .functor import children, is_layer, path_join
 from .registry import REGISTRY
 from .tensor import Tensor
 
 __all__ = ["Descent", "Momentum", "Nesterov", "Adam", "AdamW", "RMSProp", "Leaf", "Rule",
-           "setup", "update", "adjust", "train", "RULES"]
+           "MixedPrecision", "MixedPrecisionState", "setup", "update", "adjust", "train", "RULES"]
 
 
 # --- rules ------------------------------------------------------------------------------------
@@ -251,6 +251,8 @@ def rule_from_dict(d):
     if not isinstance(d, dict) or len(d) != 1:
         raise StructureError(f"not a saved optimisation rule: {d!r}")
     (name, hp), = d.items()
+    if name == "MixedPrecision":
+        return MixedPrecision._from_dict(hp)
     cls = RULES.get(name)
     if cls is None:
         raise StructureError(f"unknown optimisation rule {name!r}; known: {sorted(RULES)}")
@@ -266,8 +268,234 @@ def rule_from_dict(d):
 def rule_to_dict(rule):
     """``{"Adam": {"eta": 0.001, "beta": [0.9, 0.999], "epsilon": 1e-08}}``: the
     rule as plain data (names as keys, so a file format needs no strings)."""
+    if isinstance(rule, MixedPrecision):
+        return rule._to_dict()
     hp = {k: (list(v) if isinstance(v, tuple) else v) for k, v in rule.hyperparameters().items()}
     return {type(rule).__name__: hp}
+
+
+# --- mixed precision ------------------------------------------------------------------------------
+
+_LOW = ("float16", "bfloat16")
+
+
+class MixedPrecision(Rule):
+    """Train a float16 / bfloat16 model with float32 master weights
+    (``MixedPrecision(rule, dtype=None, loss_scale=None, *, init_scale=2**16,
+    growth_factor=2.0, backoff_factor=0.5, growth_interval=2000)``)::
+
+        opt = setup(MixedPrecision(Adam(1e-3), float16), model)  # model's floats -> float16
+        train(loss, model, data, opt)             # scales the loss by itself
+        # or by hand: the loss goes through opt.scale
+        (g,) = gradient(lambda m: opt.scale(loss(m, x, y)), model)
+        update(opt, model, g)
+
+    ``setup`` keeps a float32 copy (the *master*) of every trainable
+    parameter in the optimiser state (a float64 parameter keeps a float64
+    master) next to ``rule``'s state for it; with ``dtype`` given it first
+    converts every floating Tensor of the model, in place, to ``dtype`` (the
+    masters keep the original values). ``dtype=None`` takes the model as it
+    is (e.g. already ``f16(model)``).
+
+    ``update`` casts each low-precision gradient to float32, divides it by the
+    loss scale and checks all of them for Inf/NaN: if any is non-finite the
+    step is skipped (parameters, moments and step counts unchanged) and, with
+    dynamic scaling, the scale is multiplied by ``backoff_factor``;
+    otherwise ``rule`` updates the masters and the model receives them rounded
+    to its dtype, and after ``growth_interval`` good steps in a row the scale
+    is multiplied by ``growth_factor`` (torch.amp.GradScaler's policy).
+
+    ``loss_scale``: ``"dynamic"``, a fixed positive number, or ``None`` (the
+    default: dynamic for float16, none (1.0) for bfloat16 and wider types,
+    whose range needs no scaling). The scaled loss must be differentiated:
+    ``train`` does it; by hand, pass the loss through ``opt.scale(loss)`` —
+    ``update`` refuses gradients when ``scale`` was not called since the last
+    step, so an unscaled loss cannot silently shrink every step. A float16
+    loss cannot hold the cotangent 2**16 (float16's largest value is 65504):
+    with the default initial scale the first step then overflows and is
+    skipped, and the scale settles at 2**15; compute the loss in float32
+    (``mse(f32(m(x)), y)``) or pass ``init_scale=2**15`` to avoid that."""
+    _fields = ("rule", "dtype", "loss_scale", "init_scale", "growth_factor", "backoff_factor",
+               "growth_interval")
+
+    def __init__(self, rule=None, dtype=None, loss_scale=None, *, init_scale=2.0 ** 16, growth_factor=2.0,
+                 backoff_factor=0.5, growth_interval=2000):
+        if rule is None:
+            rule = Adam()
+        if isinstance(rule, type) and issubclass(rule, Rule):
+            rule = rule()
+        if not isinstance(rule, Rule) or isinstance(rule, MixedPrecision):
+            raise TypeError(f"MixedPrecision(rule, ...): {rule!r} is not a plain optimisation rule "
+                            f"(use one of {', '.join(RULES)}, e.g. `MixedPrecision(Adam(1e-3), float16)`)")
+        if dtype is not None:
+            dtype = _dt.as_dtype(dtype)
+            if dtype.name not in _LOW + ("float32",):
+                raise TypeError(f"MixedPrecision: dtype must be float16 or bfloat16 (or float32, or None to keep "
+                                f"the model's), got {dtype}")
+        if loss_scale is not None and loss_scale != "dynamic":
+            if isinstance(loss_scale, str) or not (float(loss_scale) > 0 and math.isfinite(float(loss_scale))):
+                raise ValueError(f"MixedPrecision: loss_scale must be 'dynamic', a positive number or None, "
+                                 f"got {loss_scale!r}")
+            loss_scale = float(loss_scale)
+        self.rule, self.dtype, self.loss_scale = rule, dtype, loss_scale
+        self.init_scale = float(init_scale)
+        self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        if not (self.init_scale > 0 and self.growth_factor >= 1 and 0 < self.backoff_factor <= 1
+                and self.growth_interval >= 1):
+            raise ValueError("MixedPrecision: need init_scale > 0, growth_factor >= 1, 0 < backoff_factor <= 1 "
+                             "and growth_interval >= 1")
+
+    def __repr__(self):
+        d = "nothing" if self.dtype is None else self.dtype.name
+        return (f"MixedPrecision({self.rule!r}, {d}, {self.loss_scale!r}; init_scale={self.init_scale!r}, "
+                f"growth_factor={self.growth_factor!r}, backoff_factor={self.backoff_factor!r}, "
+                f"growth_interval={self.growth_interval!r})")
+
+    def _to_dict(self):
+        hp = self.hyperparameters()
+        hp["rule"] = rule_to_dict(self.rule)
+        hp["dtype"] = None if self.dtype is None else self.dtype.name
+        return {"MixedPrecision": hp}
+
+    @classmethod
+    def _from_dict(cls, hp):
+        if not isinstance(hp, dict):
+            raise StructureError(f"not a saved MixedPrecision rule: {hp!r}")
+        hp = {k: (v.item() if isinstance(v, np.ndarray) else v) for k, v in hp.items()}
+        if "rule" not in hp:
+            raise StructureError(f"a saved MixedPrecision rule without its inner rule: {hp!r}")
+        hp["rule"] = rule_from_dict(hp["rule"])
+        return cls(**hp)
+
+    @staticmethod
+    def master_dtype(x):
+        return _dt.float64 if x.dtype == _dt.float64 else _dt.float32
+
+    def init(self, x):
+        master = _copy_as(x, self.master_dtype(x))
+        return (master, self.rule.init(master))
+
+    def step(self, x, g, st):
+        """One step for one parameter, ``g`` already unscaled and of the
+        master's dtype (``update`` does that for all of them first)."""
+        master, inner = st
+        inner = self.rule.step(master, g, inner)
+        x._data = _copy_as(master, x.dtype)._data
+        return (master, inner)
+
+
+def _copy_as(x, dtype):
+    """A new Tensor holding ``x``'s values as ``dtype`` (never ``x``'s storage)."""
+    if x.dtype != dtype:
+        return ops.cast(x, dtype)
+    return ops.mul(x, 1.0)  # exact: a fresh copy
+
+
+class MixedPrecisionState(dict):
+    """What ``setup(MixedPrecision(rule), model)`` returns: ``opt["tree"]`` is
+    the usual state tree (a :class:`Leaf` per parameter holding
+    ``(master, rule's state)``), ``opt["scaler"]`` the loss scaling
+    (``{"scale": 65536.0, "growth_tracker": 0, "dynamic": True}``). Pass it
+    to ``update`` / ``train`` / ``adjust`` / ``state`` / ``loadmodel`` / ``save``
+    like any optimiser state; ``opt.scale(loss)`` is the loss to
+    differentiate."""
+    __hash__ = object.__hash__
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        if set(self) != {"tree", "scaler"}:
+            raise StructureError(f"a MixedPrecisionState holds exactly `tree` and `scaler`, got keys {sorted(self)}")
+        self._scaled = False
+        self.last_step_skipped = False
+
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    @property
+    def loss_scale(self):
+        """The current loss scale (1.0 without scaling)."""
+        return float(self["scaler"]["scale"])
+
+    def scale(self, loss):
+        """``loss`` multiplied by the loss scale (in float32, so the scaled
+        value itself cannot overflow float16): differentiate this. Also tells
+        ``update`` that the gradients it gets next are scaled."""
+        self._scaled = True
+        s = self.loss_scale
+        if s == 1.0:
+            return loss
+        loss = ops.as_tensor(loss)
+        if loss.dtype != _dt.float64:
+            loss = ops.cast(loss, _dt.float32)
+        return ops.mul(loss, s)
+
+    def __repr__(self):
+        sc = self["scaler"]
+        return (f"MixedPrecisionState(scale={sc['scale']!r}, dynamic={sc['dynamic']!r}, "
+                f"growth_tracker={sc['growth_tracker']!r}, tree={self['tree']!r})")
+
+
+def _setup_mixed(rule, model, walk):
+    from .functor import leaves
+    tree = walk(model)
+    params = [t for t in leaves(model) if isinstance(t, Tensor) and _dt.is_floating(t.dtype)]
+    if rule.dtype is not None:
+        for t in params:  # in place: the Tensors keep their identity (masters were taken above)
+            if t.dtype != rule.dtype:
+                t._data = ops.cast(t, rule.dtype)._data
+    low = rule.dtype if rule.dtype is not None else next(
+        (t.dtype for t in params if t.dtype.name in _LOW), params[0].dtype if params else _dt.float32)
+    dynamic = rule.loss_scale == "dynamic" or (rule.loss_scale is None and low.name == "float16")
+    scale = rule.init_scale if dynamic else (1.0 if rule.loss_scale is None else rule.loss_scale)
+    return MixedPrecisionState(tree=tree, scaler={"scale": float(scale), "growth_tracker": 0, "dynamic": dynamic})
+
+
+def _update_mixed(opt_state, model, grad):
+    sc = opt_state["scaler"]
+    scale = float(sc["scale"])
+    if scale != 1.0 and not opt_state._scaled:
+        raise GradientError(
+            f"update: this MixedPrecision optimiser state scales the loss by {scale:g}, but `opt_state.scale(loss)` "
+            "was not called since the last update, so these gradients are probably of the unscaled loss. "
+            "Differentiate the scaled loss, e.g. `gradient(lambda m: opt_state.scale(loss(m, x, y)), model)`, "
+            "or let `train(loss, model, data, opt_state)` do it.")
+    plan = _collect(opt_state["tree"], model, grad)
+    rules = {id(leaf.rule): leaf.rule for leaf, _, _ in plan}
+    for leaf, _, _ in plan:
+        if not isinstance(leaf.rule, MixedPrecision):
+            raise StructureError(f"update: a MixedPrecisionState holds a Leaf with rule {leaf.rule!r}; its leaves "
+                                 "must come from `setup(MixedPrecision(rule), model)`")
+    inv = 1.0 / scale
+    grads, checks = [], {}
+    for leaf, x, g in plan:
+        g = ops.cast(g, leaf.state[0].dtype) if g.dtype != leaf.state[0].dtype else g
+        if inv != 1.0:
+            g = ops.mul(g, inv)       # exact for a power-of-two scale
+        grads.append(g)
+        z = ops.sum(ops.mul(g, 0.0))  # 0, or NaN if any element is Inf or NaN
+        key = g._device
+        checks[key] = z if key not in checks else ops.add(checks[key], z)
+    finite = all(math.isfinite(float(z.item())) for z in checks.values())
+    opt_state._scaled = False
+    opt_state.last_step_skipped = not finite
+    some = next(iter(rules.values()), None)
+    if not finite:
+        if sc["dynamic"] and some is not None:
+            sc["scale"] = scale * some.backoff_factor
+            sc["growth_tracker"] = 0
+        return opt_state, model
+    for (leaf, x, _), g in zip(plan, grads):
+        leaf.state = leaf.rule.step(x, g, leaf.state)
+    if sc["dynamic"] and some is not None:
+        sc["growth_tracker"] = int(sc["growth_tracker"]) + 1
+        if sc["growth_tracker"] >= some.growth_interval:
+            sc["scale"] = scale * some.growth_factor
+            sc["growth_tracker"] = 0
+    return opt_state, model
 
 
 # --- the state tree ---------------------------------------------------------------------------
@@ -361,6 +589,8 @@ def setup(rule, model):
             return {k: walk(v) for k, v in x.items()}
         return None
 
+    if isinstance(rule, MixedPrecision):
+        return _setup_mixed(rule, model, walk)
     return walk(model)
 
 
@@ -378,10 +608,29 @@ def update(opt_state, model, grad):
     Everything is checked before anything changes: a gradient on another
     device than its parameter raises ``DeviceMismatchError``, a gradient of
     another shape or a tree that does not fit the model ``StructureError``,
-    each naming the field (``layers[1].weight``)."""
+    each naming the field (``layers[1].weight``). A ``MixedPrecision``
+    state unscales the gradients into float32 and skips the whole step when
+    any of them is Inf or NaN (see :class:`MixedPrecision`)."""
     if isinstance(opt_state, Rule):
         raise TypeError("update(opt_state, model, grad) needs the state tree from `setup(rule, model)`, "
                         f"not the rule {opt_state!r}")
+    if isinstance(opt_state, MixedPrecisionState):
+        return _update_mixed(opt_state, model, grad)
+    plan = _collect(opt_state, model, grad)
+    if any(isinstance(leaf.rule, MixedPrecision) for leaf, _, _ in plan):
+        raise StructureError("update: this optimiser state tree holds MixedPrecision leaves; pass the whole "
+                             "state `setup(MixedPrecision(rule), model)` returned (it holds the loss scale)")
+    # every gradient is converted (which allocates) before any parameter moves, so running
+    # out of memory here leaves the whole model and state as they were
+    plan = [(leaf, x, _fit_gradient(x, g)) for leaf, x, g in plan]
+    for leaf, x, g in plan:
+        leaf.state = leaf.rule.step(x, g, leaf.state)
+    return opt_state, model
+
+
+def _collect(opt_state, model, grad):
+    """Check ``grad`` and ``opt_state`` against ``model``; the list of
+    ``(leaf, parameter, gradient)`` to step (each parameter once)."""
     plan = []
     done = set()
 
@@ -473,10 +722,7 @@ def update(opt_state, model, grad):
         # functions, numbers, NumPy arrays: nothing to train
 
     walk(opt_state, model, grad, "")
-    for leaf, x, g in plan:
-        g = _fit_gradient(x, g)
-        leaf.state = leaf.rule.step(x, g, leaf.state)
-    return opt_state, model
+    return plan
 
 
 def _describe(v):
@@ -518,6 +764,12 @@ def adjust(opt_state, eta=None, **hyperparameters):
             if id(s) in seen:
                 return
             seen.add(id(s))
+            if isinstance(s.rule, MixedPrecision):  # the inner rule's hyperparameters
+                kw = {k: v for k, v in hyperparameters.items() if k in s.rule.rule._fields}
+                used.update(kw)
+                if kw:
+                    s.rule = s.rule.replace(rule=s.rule.rule.replace(**kw))
+                return
             kw = {k: v for k, v in hyperparameters.items() if k in s.rule._fields}
             used.update(kw)
             if kw:
@@ -542,7 +794,10 @@ def train(loss, model, data, opt_state, *, progress=False):
     """One epoch (Flux's ``train!``): for each ``batch`` in ``data``, compute
     ``loss(model, *batch)`` (a tuple batch is splatted; anything else is
     passed whole, ``loss(model, batch)``) and its gradient with respect to
-    ``model``, then ``update(opt_state, model, grad)``.
+    ``model``, then ``update(opt_state, model, grad)``. With a
+    ``MixedPrecision`` state the scaled loss ``opt_state.scale(loss(...))``
+    is differentiated (and the unscaled value reported); a step whose
+    gradients overflow is skipped by ``update``.
 
     A NaN or Inf loss stops training with ``NonFiniteError`` naming the batch
     before that batch updates anything, as Flux does. ``progress=True``
@@ -563,10 +818,16 @@ def train(loss, model, data, opt_state, *, progress=False):
         else:
             it = tqdm(data, desc="train", leave=False)
     losses = []
+    mixed = isinstance(opt_state, MixedPrecisionState)
     for i, batch in enumerate(it):
         args = tuple(batch) if isinstance(batch, tuple) else (batch,)
-        value, grads = withgradient(loss, model, *args)
-        v = float(value.item())
+        if mixed:  # differentiate the scaled loss; report the loss itself
+            scale = opt_state.loss_scale
+            value, grads = withgradient(lambda m, *a: opt_state.scale(loss(m, *a)), model, *args)
+            v = float(value.item()) / scale
+        else:
+            value, grads = withgradient(loss, model, *args)
+            v = float(value.item())
         if not math.isfinite(v):
             raise NonFiniteError(
                 f"train: the loss is {v} on batch {i} (0-based), stopping training; the model was not "

@@ -18,6 +18,11 @@ exactly.
 Tensors (each keeps its identity and device, so an optimiser state set up
 for the model stays valid). It checks everything (structure, shapes, dtypes)
 before writing anything: a failed load leaves the model as it was.
+
+``save(path, x)`` / ``load(path)`` (from :mod:`triflux.serialization`) write
+and read such states as safetensors files, atomically and without ever
+running code on load; ``loadmodel(model, load(path))`` restores a model (or
+an optimiser state) on any device.
 """
 import numpy as np
 
@@ -25,7 +30,9 @@ from .errors import StructureError
 from .functor import children, holds_arrays, is_layer, path_join
 from .tensor import Tensor, transfer
 
-__all__ = ["state", "loadmodel"]
+from .serialization import load, save
+
+__all__ = ["state", "loadmodel", "save", "load"]
 
 
 def _leaf_cls():
@@ -155,6 +162,8 @@ def _walk(plan, dst, src, path):
             plan.writes.append((dst, arr))
     elif isinstance(dst, Leaf):
         _walk_leaf(plan, dst, src, path)
+    elif _is_mixed_state(dst):
+        _walk_mixed(plan, dst, src, path)
     elif is_layer(dst):
         kids = children(dst)
         if _check_keys(plan, list(kids), src, path, f"a {type(dst).__name__}"):
@@ -203,6 +212,14 @@ def _walk_leaf(plan, leaf, src, path):
                    f"saved state was made by {type(rule).__name__}; call `setup({type(rule).__name__}(), model)` "
                    "before loading it")
         return
+    from .optimise import MixedPrecision
+    if isinstance(leaf.rule, MixedPrecision) and type(leaf.rule.rule) is not type(rule.rule):
+        inner_old, inner_new = leaf.rule.rule, rule.rule
+        plan.error(f"{_show(path_join(path, 'rule'))}: the optimiser state uses MixedPrecision("
+                   f"{type(inner_old).__name__}), the saved state was made by MixedPrecision("
+                   f"{type(inner_new).__name__}); call `setup(MixedPrecision({type(inner_new).__name__}()), model)` "
+                   "before loading it")
+        return
     new_state = _leaf_state(plan, leaf.state, src["state"], path_join(path, "state"))
     plan.writes.append((leaf, (rule, new_state)))
 
@@ -237,6 +254,41 @@ def _leaf_state(plan, dst, src, path):
         return type(dst)(v)
     plan.error(f"{_show(path)}: cannot load into a {type(dst).__name__}")
     return dst
+
+
+def _is_mixed_state(x):
+    from .optimise import MixedPrecisionState
+    return isinstance(x, MixedPrecisionState)
+
+
+def _walk_mixed(plan, dst, src, path):
+    """A MixedPrecisionState: its tree like any state tree, and the loss
+    scaler's numbers (replaced)."""
+    if not isinstance(src, dict) or set(src) != {"tree", "scaler"}:
+        plan.error(f"{_show(path)}: the optimiser state is a MixedPrecisionState (keys `tree`, `scaler`), the "
+                   f"state has {_what(src)}; was it saved from `setup(MixedPrecision(rule), model)`?")
+        return
+    _walk(plan, dst["tree"], src["tree"], path_join(path, "tree"))
+    sc, where = src["scaler"], path_join(path, "scaler")
+    if not isinstance(sc, dict) or set(sc) != set(dst["scaler"]):
+        plan.error(f"{_show(where)}: expected a dict with keys {sorted(dst['scaler'])}, the state has {_what(sc)}")
+        return
+    new = {}
+    for k, v in sc.items():
+        arr = _array_of(v)
+        if arr is None or arr.size != 1:
+            plan.error(f"{_show(path_join(where, k))}: expected a number, the state has {_what(v)}")
+            return
+        new[k] = arr.reshape(()).item()
+    if not (isinstance(new["scale"], (int, float)) and new["scale"] > 0 and np.isfinite(new["scale"])):
+        plan.error(f"{_show(path_join(where, 'scale'))}: the loss scale must be a positive number, "
+                   f"got {new['scale']!r}")
+        return
+    if float(new["growth_tracker"]) != int(new["growth_tracker"]) or new["growth_tracker"] < 0:
+        plan.error(f"{_show(path_join(where, 'growth_tracker'))}: expected a step count, got {new['growth_tracker']!r}")
+        return
+    plan.writes.append((dst, {"scale": float(new["scale"]), "growth_tracker": int(new["growth_tracker"]),
+                              "dynamic": bool(new["dynamic"])}))
 
 
 def _backend_array(t, arr):
@@ -287,6 +339,8 @@ def loadmodel(x, state_):
             dst._data = payload
         elif isinstance(dst, Leaf):
             dst.rule, dst.state = payload
+        elif _is_mixed_state(dst):
+            dst["scaler"] = payload
         else:  # a NumPy array leaf of the model
             np.copyto(dst, payload)
     return x

@@ -1,12 +1,20 @@
 """Converting the floating arrays of any structure: ``f32``, ``f64``,
 ``f16``, ``bf16`` (Flux's names). Integer and bool arrays are kept, so
-labels and masks survive a precision change."""
+labels and masks survive a precision change. A ``DataLoader`` becomes the
+same loader (shuffling, batch size, device) over converted data."""
 from . import dtypes as _dt
 from .functor import fmap
 from .tensor import Tensor
 
 
 def _convert(x, dtype):
+    from .data import DataLoader
+    if isinstance(x, DataLoader):   # the same loader over converted data
+        new = DataLoader.__new__(DataLoader)
+        new.__dict__.update(x.__dict__)
+        new.data = _convert(x.data, dtype)
+        return new
+
     def leaf(a):
         if isinstance(a, Tensor):
             from . import ops

@@ -50,32 +50,76 @@ def gpu_backend_preference():
     return _AT_IMPORT
 
 
+def _set_in_text(text, value):
+    """``text`` (a TOML document) with ``[triflux] gpu_backend = "value"``,
+    everything else kept line for line (comments included)."""
+    lines = text.splitlines()
+    entry = f'gpu_backend = "{value}"'
+    start = next((i for i, l in enumerate(lines) if l.strip().replace(" ", "") == f"[{SECTION}]"), None)
+    if start is None:
+        if lines and lines[-1].strip():
+            lines.append("")
+        lines += [f"[{SECTION}]", entry]
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+        for i in range(start + 1, end):
+            if lines[i].split("=", 1)[0].strip() == "gpu_backend":
+                lines[i] = entry
+                break
+        else:
+            lines.insert(start + 1, entry)
+    return "\n".join(lines) + "\n"
+
+
 def gpu_backend(name, directory=None):
     """Persist ``name`` ("CUDA", "AMDGPU", "Metal" or "CPU") as the GPU
-    backend in ``LocalPreferences.toml`` of the current project directory,
-    creating or updating it and keeping its other sections. Like Flux's
-    ``gpu_backend!``, it takes effect in a new Python process."""
+    backend in ``LocalPreferences.toml`` of the current project directory
+    (``directory``), creating or updating it and keeping its other sections
+    and comments. Like Flux's ``gpu_backend!``, it takes effect in a new
+    Python process (``GPU_BACKEND`` and ``get_device`` read the file at
+    import), and it says so. Returns the canonical name."""
+    import tomllib
     canonical = next((b for b in BACKENDS if str(name).lower() == b.lower()), None)
     if canonical is None:
         raise ValueError(f"unknown GPU backend {name!r}; valid backends are {', '.join(BACKENDS)}")
-    try:
-        import tomlkit
-    except ImportError:
-        raise ImportError("writing preferences needs `tomlkit`: `pip install tomlkit`") from None
     path = preferences_path(directory)
-    doc = tomlkit.document()
+    text = ""
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
-            doc = tomlkit.parse(f.read())
-    if SECTION not in doc:
-        doc[SECTION] = tomlkit.table()
-    old = doc[SECTION].get("gpu_backend")
-    doc[SECTION]["gpu_backend"] = canonical
+            text = f.read()
+        try:
+            old = tomllib.loads(text).get(SECTION, {}).get("gpu_backend")
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path} is not valid TOML ({e}); fix or delete it, then call "
+                             f"gpu_backend({canonical!r}) again") from None
+    else:
+        old = None
+    new_text = _set_in_text(text, canonical)
+    try:
+        ok = tomllib.loads(new_text).get(SECTION, {}).get("gpu_backend") == canonical
+    except tomllib.TOMLDecodeError:
+        ok = False
+    if not ok:  # an unusual layout (dotted keys, inline table): let tomlkit edit it
+        try:
+            import tomlkit
+        except ImportError:
+            raise ValueError(f"cannot update {path}: its [{SECTION}] table has an unusual layout; "
+                             f'set `gpu_backend = "{canonical}"` under [{SECTION}] by hand '
+                             "(or `pip install tomlkit`)") from None
+        doc = tomlkit.parse(text)
+        if SECTION not in doc:
+            doc[SECTION] = tomlkit.table()
+        doc[SECTION]["gpu_backend"] = canonical
+        new_text = tomlkit.dumps(doc)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(tomlkit.dumps(doc))
+        f.write(new_text)
     os.replace(tmp, path)
-    if old != canonical:
-        print(f"[triflux] GPU backend preference set to {canonical!r} in {path}; "
-              "restart Python for it to take effect.")
+    current = _AT_IMPORT
+    if old == canonical and current == canonical:
+        print(f"[triflux] GPU backend is already set to {canonical!r} ({path}); nothing else to do.")
+    else:
+        print(f"[triflux] New GPU backend set: {canonical!r} in {path}. "
+              "Restart Python for this change to take effect "
+              f"(this process keeps GPU_BACKEND = {current!r}).")
     return canonical

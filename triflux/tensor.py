@@ -10,7 +10,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from .devices import CPU, Device, get_device, _canonical
-from .errors import DTypeError, TrifluxError
+from .errors import DTypeError, DeviceMismatchError
 
 _TORCH_TO_NP = {}
 
@@ -86,38 +86,72 @@ class Tensor:
         return _torch_to_numpy(self._data)
 
     def __array__(self, dtype=None, copy=None):
+        """NumPy's view of a CPU tensor; a device tensor raises
+        ``DeviceMismatchError`` (NumPy cannot read device memory, and a
+        silent copy would hide slow transfers): ``cpu(t)`` or ``t.numpy()``."""
         if not self._device.is_cpu:
-            raise TrifluxError(
-                f"this Tensor lives on {self._device!r}; NumPy cannot read device memory. "
-                "Call `cpu(x)` (or `x.numpy()` for a copy) first.")
+            raise DeviceMismatchError(
+                f"this Tensor (shape {self.shape}, {self.dtype}) lives on {self._device!r}; NumPy cannot read "
+                "device memory. Call `cpu(t)` or `t.numpy()` first (a copy to the host).")
         a = self._data
-        if dtype is not None:
-            a = a.astype(dtype, copy=False)
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            if copy is False:
+                raise ValueError(f"np.asarray(..., dtype={np.dtype(dtype)}, copy=False): converting this "
+                                 f"{a.dtype} Tensor needs a copy")
+            return a.astype(dtype)
         return a.copy() if copy else a
 
-    def item(self):
+    def tolist(self):
+        """The values as (nested) Python numbers, from any device (a copy)."""
+        a = self.numpy()
+        if _dt.is_bfloat16(a.dtype):
+            a = a.astype(np.float32)
+        return a.tolist()
+
+    def _scalar(self, what):
+        """The one element as a Python number, copied from any device."""
         if self.size != 1:
-            raise ValueError(f"item() needs a single element, this Tensor has shape {self.shape}")
-        return self.numpy().reshape(()).item()
+            raise ValueError(f"{what} needs a Tensor of exactly one element, this one has shape {self.shape}; "
+                             "reduce it first (`.sum()`, `.mean()`) or index one element")
+        data = self._data
+        if not isinstance(data, np.ndarray):          # a device tensor: copy just this element
+            data = _torch_to_numpy(data.reshape(()) if data.dim() else data)
+        a = np.asarray(data).reshape(())
+        if _dt.is_bfloat16(a.dtype):
+            a = a.astype(np.float32)
+        return a.item()
+
+    def item(self):
+        """The one element as a Python number (a copy from any device)."""
+        return self._scalar("item()")
 
     def __float__(self):
-        return float(self.item())
+        return float(self._scalar("float()"))
 
     def __int__(self):
-        return int(self.item())
+        return int(self._scalar("int()"))
 
     def __bool__(self):
         if self.size != 1:
             raise ValueError(f"the truth value of a Tensor of shape {self.shape} is ambiguous; "
                              "use `.numpy().any()` or `.numpy().all()`")
-        return bool(self.item())
+        return bool(self._scalar("bool()"))
 
     def __index__(self):
         if self.dtype.kind not in "iu" or self.size != 1:
-            raise TypeError("only integer Tensors of one element can be used as an index")
-        return int(self.item())
+            raise TypeError(f"only integer Tensors of one element can be used as an index; this one is "
+                            f"{self.dtype} of shape {self.shape}")
+        return int(self._scalar("__index__"))
+
+    def __format__(self, spec):
+        if self.size == 1 and spec:        # f"{loss:.4f}" on a one-element tensor, any device
+            return format(self._scalar("format"), spec)
+        if spec:
+            raise TypeError(f"format spec {spec!r} needs a Tensor of one element, this one has shape {self.shape}")
+        return str(self)
 
     def __repr__(self):
+        """Shape, dtype, device and the values (copied from the device)."""
         from .show import tensor_repr
         return tensor_repr(self)
 
@@ -197,7 +231,20 @@ def _numpy_to_torch(arr, tdevice):
         _dt.to_torch(arr.dtype)  # raises a DTypeError for unsupported dtypes
         host = torch.from_numpy(arr)
     # A copy always: the device tensor must not alias the caller's NumPy array.
-    return host.to(tdevice, copy=True)
+    return _copy_to(host, tdevice)
+
+
+def _copy_to(t, tdevice):
+    """``t.to(tdevice, copy=True)``, running out of device memory as triflux's
+    OutOfMemoryError (with the bytes asked for and free)."""
+    try:
+        return t.to(tdevice, copy=True)
+    except Exception as e:
+        from .triton_kernels import common
+        if common._is_oom(e):
+            raise common.out_of_memory(e, device=tdevice, asked=t.numel() * t.element_size(),
+                                       purpose=f"a {tuple(t.shape)} tensor moved to the device") from None
+        raise
 
 
 def transfer(t, device):
@@ -210,7 +257,7 @@ def transfer(t, device):
     tdev = device.torch_device
     if src.is_cpu:
         return Tensor._make(_numpy_to_torch(t._data, tdev), device)
-    return Tensor._make(t._data.to(tdev, copy=True), device)
+    return Tensor._make(_copy_to(t._data, tdev), device)
 
 
 def as_device(device):
@@ -248,7 +295,7 @@ def tensor(data, dtype=None, device=None):
     arr = np.array(data, dtype=None if dtype is None else _dt.as_dtype(dtype), copy=True)
     if dtype is None and not was_array and arr.dtype == np.float64:
         arr = arr.astype(np.float32)
-    if arr.dtype.kind in "OUSV":
+    if arr.dtype.kind in "OUSV" and not _dt.is_bfloat16(arr.dtype):   # ml_dtypes' bfloat16 is of kind "V"
         raise DTypeError(f"cannot make a Tensor of {arr.dtype} data; use numbers")
     return transfer(Tensor._make(arr, CPU), dev)
 
@@ -301,3 +348,19 @@ def randn(*shape, dtype=_dt.float32, device=None, seed=None):
 
 
 from . import ops as _ops  # noqa: E402  (ops needs Tensor)
+
+
+def _dlpack_methods():
+    """``Tensor.__dlpack__``/``__dlpack_device__`` (the DLPack protocol:
+    ``np.from_dlpack(t)``, ``torch.from_dlpack(t)``), from triflux.interop."""
+    def __dlpack__(self, stream=None, **kw):
+        from .interop import tensor_dlpack
+        return tensor_dlpack(self, stream, **kw)
+
+    def __dlpack_device__(self):
+        from .interop import tensor_dlpack_device
+        return tensor_dlpack_device(self)
+    Tensor.__dlpack__, Tensor.__dlpack_device__ = __dlpack__, __dlpack_device__
+
+
+_dlpack_methods()

@@ -45,35 +45,105 @@ def cdiv(a, b):
 
 
 def empty(shape, dtype, device):
-    """Uninitialised device memory (``dtype``: a torch dtype)."""
+    """Uninitialised device memory (``dtype``: a torch dtype). Running out of
+    device memory raises triflux's ``OutOfMemoryError`` (bytes asked for,
+    bytes free, advice)."""
     try:
         return torch.empty(tuple(shape), dtype=dtype, device=device)
-    except torch.OutOfMemoryError as e:  # pragma: no cover - needs a GPU
+    except RuntimeError as e:       # torch.OutOfMemoryError is a RuntimeError
+        if not _is_oom(e):
+            raise
         raise out_of_memory(e, shape, dtype, device) from None
 
 
-def out_of_memory(exc, shape=None, dtype=None, device=None):
-    asked = ""
-    if shape is not None:
-        n = 1
-        for s in shape:
-            n *= int(s)
-        asked = f"{n * dtype.itemsize} bytes for a {tuple(shape)} {dtype} tensor; "
-    free = ""
+def _is_oom(exc):
+    return isinstance(exc, getattr(torch, "OutOfMemoryError", ())) or "out of memory" in str(exc).lower()
+
+
+def _device_name(device):
+    """The triflux name of the torch device ``device``."""
+    if device is None:
+        return "the GPU"
+    device = torch.device(device)
+    if device.type == "cpu":
+        return "the host memory (the Triton interpreter's device)"
+    kind = "AMDGPUDevice" if getattr(torch.version, "hip", None) else "CUDADevice"
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return f"{kind}({idx})"
+
+
+def _memory_numbers(device):
+    """(free, total) bytes of ``device`` (a torch device), ``None`` where unknown."""
     try:
+        from triflux.memory import _host_status
+        if device is not None and torch.device(device).type == "cpu":
+            st = _host_status(None)
+            return st.free, st.total
         f, t = torch.cuda.mem_get_info(device)
-        free = f"{f} bytes free of {t}; "
+        return int(f), int(t)
     except Exception:
-        pass
-    return OutOfMemoryError(
-        f"out of memory on {device}: asked for {asked}{free}"
-        "use a smaller batch, call `triflux.reclaim()`, or move part of the work to the CPU. "
-        "Your model and optimiser state are untouched.")
+        return None, None
+
+
+def out_of_memory(exc, shape=None, dtype=None, device=None, *, asked=None, purpose=None):
+    """triflux's ``OutOfMemoryError`` for a failed allocation of a ``shape``
+    ``dtype`` tensor on torch device ``device`` (or a failed launch); or of
+    ``asked`` bytes for ``purpose`` (e.g. "a DataLoader batch")."""
+    from triflux.show import format_bytes
+    what = "asked for more memory than is free"
+    if asked is not None:
+        what = f"asked for {format_bytes(asked)} ({asked} bytes)" + (f" for {purpose}" if purpose else "")
+    elif shape is not None:
+        asked = numel(shape) * (dtype.itemsize if dtype is not None else 1)
+        what = f"asked for {format_bytes(asked)} ({asked} bytes) for a {tuple(int(s) for s in shape)} " \
+               f"{str(dtype).replace('torch.', '')} tensor"
+    free, total = _memory_numbers(device)
+    have = ""
+    if free is not None and total is not None:
+        have = f"; {format_bytes(free)} ({free} bytes) are free of {format_bytes(total)}"
+    where = _device_name(device)
+    err = OutOfMemoryError(
+        f"out of memory on {where}: {what}{have}. A training step that fails here has not updated the "
+        "model's parameters or the optimiser state, so training can go on. To fit: use a smaller batch "
+        "(`DataLoader(data, batchsize=...)`); call `triflux.reclaim()` to return cached blocks; keep "
+        "parameters and data in float16/bfloat16 (`f16(model)`, `bf16(x)`) to halve the memory; check "
+        "with `nvidia-smi` whether other processes hold this GPU's memory.")
+    err.asked, err.free, err.total, err.device = asked, free, total, where
+    return err
+
+
+#: more than one GPU visible (then ``launch`` selects the tensors' GPU); None until first asked
+_MULTI_GPU = None
+
+
+def _multi_gpu():
+    global _MULTI_GPU
+    if _MULTI_GPU is None:
+        try:
+            _MULTI_GPU = (not INTERPRET) and torch.cuda.is_available() and torch.cuda.device_count() > 1
+        except Exception:
+            _MULTI_GPU = False
+    return _MULTI_GPU
+
+
+def _gpu_index(args):
+    """The GPU index of the first tensor among ``args`` (``None``: none on a GPU)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            i = a.get_device()          # -1 on the CPU; cheaper than building a.device
+            return i if i >= 0 else None
+    return None
 
 
 def launch(kernel, grid, *args, **meta):
-    """``kernel[grid](*args, **meta)``, with backend failures made readable."""
+    """``kernel[grid](*args, **meta)`` on the GPU that holds the tensor
+    arguments (with several GPUs), with backend failures made readable."""
     try:
+        if _MULTI_GPU or (_MULTI_GPU is None and _multi_gpu()):
+            idx = _gpu_index(args)
+            if idx is not None and idx != torch.cuda.current_device():
+                with torch.cuda.device(idx):
+                    return kernel[grid](*args, **meta)
         return kernel[grid](*args, **meta)
     except RuntimeError as e:
         msg = str(e)
@@ -82,8 +152,9 @@ def launch(kernel, grid, *args, **meta):
                 "no GPU backend is functional here (Triton found no GPU driver). "
                 "Use the CPU device (`cpu(x)`), or set TRITON_INTERPRET=1 before importing "
                 "triflux to run the kernels in the Triton interpreter.") from None
-        if "out of memory" in msg.lower():
-            raise out_of_memory(e) from None
+        if _is_oom(e):
+            idx = _gpu_index(args)
+            raise out_of_memory(e, device=None if idx is None else torch.device("cuda", idx)) from None
         raise
 
 
@@ -230,7 +301,12 @@ def full(shape, value, dtype, device):
         if not dtype.is_floating_point and abs(value) >= 2 ** 24:
             raise ValueError(f"fill value {value} is not exact through float32; integer fills must be below 2**24")
         if dtype == torch.float64:
-            src = torch.tensor([float(value)], dtype=torch.float64).to(out.device)  # a host->device copy
+            try:
+                src = torch.tensor([float(value)], dtype=torch.float64).to(out.device)  # a host->device copy
+            except RuntimeError as e:
+                if not _is_oom(e):
+                    raise
+                raise out_of_memory(e, (1,), torch.float64, out.device) from None
         else:
             src = out
         block = block_for(n)

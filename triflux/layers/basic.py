@@ -14,6 +14,23 @@ from .base import Layer
 _WARNED_F64 = set()
 
 
+def _device_expr(dev):
+    """Code that names ``dev`` as a function moving data there."""
+    if dev.is_cpu:
+        return "cpu"
+    return f"{type(dev).__name__}({dev.idx})" if dev.idx is not None else type(dev).__name__ + "()"
+
+
+def _layer_name(layer):
+    """The layer's Flux-style one-line repr (without the parameter count)."""
+    try:
+        text = repr(layer)
+    except Exception:  # printing must never hide the real error
+        return type(layer).__name__
+    first = text.splitlines()[0] if text else type(layer).__name__
+    return first.split("  #")[0].rstrip()
+
+
 def check_input(layer, x, like, *, axis=-1, expected=None, what="features"):
     """Make ``x`` fit ``layer``: a Tensor on the parameters' device, of their
     dtype (float64 converted with one warning per layer type, as Flux does),
@@ -23,8 +40,9 @@ def check_input(layer, x, like, *, axis=-1, expected=None, what="features"):
         x = ops.as_tensor(np.asarray(x))
     if x._device is not like._device and x._device != like._device:
         raise DeviceMismatchError(
-            f"{layer!r}: parameters are on {like._device!r} but the input is on {x._device!r}. "
-            f"Move the input with `gpu(x)` / `{like._device!r}(x)`, or the model with `cpu(model)`.")
+            f"{_layer_name(layer)}: its parameters are on {like._device!r} but the input is on {x._device!r}. "
+            f"Put both on one device: `x = {_device_expr(like._device)}(x)` (the input to the model's device) "
+            f"or `model = {_device_expr(x._device)}(model)` (the model to the input's device).")
     if x.dtype != like.dtype:
         if x.dtype == _dt.float64 and like.dtype == _dt.float32:
             key = type(layer).__name__

@@ -56,8 +56,10 @@ class BatchNorm(Layer):
         var = ops.mean((x - ops.reshape(mean, (1, -1) + (1,) * (x.ndim - 2))) ** 2, axis=axes)
         unbiased = var * (n / max(n - 1, 1))
         m = self.momentum
-        self.running_mean = self.running_mean * (1 - m) + mean * m
-        self.running_var = self.running_var * (1 - m) + unbiased * m
+        # both computed before either is stored, so an error (out of memory) leaves both as they were
+        new_mean = self.running_mean * (1 - m) + mean * m
+        new_var = self.running_var * (1 - m) + unbiased * m
+        self.running_mean, self.running_var = new_mean, new_var
 
     def _signature(self):
         from ..show import fname

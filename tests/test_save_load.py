@@ -1,0 +1,308 @@
+"""triflux.save / triflux.load: safetensors files holding any nesting of
+arrays and numbers, written atomically, read without running code, with
+errors that name the file and the problem."""
+import json
+import os
+import pickle
+import zipfile
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+
+import triflux as tf
+from triflux import serialization
+from triflux.errors import CheckpointError, TrifluxError
+from triflux.functor import leaves
+from triflux.optimise import Adam, setup, update
+from triflux.persistence import loadmodel, state
+
+from helpers import DEVICES, device, run_python
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _mlp(seed=0, d=None):
+    tf.seed(seed)
+    m = tf.Chain(tf.Dense(3, 4, tf.relu), tf.relu, tf.Dense(4, 2))
+    return m if d is None else d(m)
+
+
+def _assert_same(a, b, where="x"):
+    """Structure, types, dtypes and bits all equal."""
+    assert type(a) is type(b), (where, type(a), type(b))
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, (where, a.dtype, b.dtype, a.shape, b.shape)
+        assert a.tobytes() == b.tobytes(), where
+    elif isinstance(a, np.generic):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and np.isnan(a):
+        assert np.isnan(b)
+    else:
+        assert a == b and repr(a) == repr(b), (where, a, b)
+
+
+def test_nested_roundtrip_keeps_everything(tmp_path):
+    rng = np.random.default_rng(0)
+    obj = {
+        "floats": [rng.standard_normal((3, 4)).astype(dt) for dt in (np.float16, np.float32, np.float64, BF16)],
+        "ints": (np.arange(5, dtype=np.int8), np.arange(-3, 3, dtype=np.int64), np.array([2**63 - 1], np.uint64),
+                 np.array([True, False])),
+        "shapes": {"zero_d": np.array(2.5, np.float32), "empty": np.zeros((0, 3), np.float32),
+                   "one": np.ones((1, 1, 1), np.float64)},
+        "views": [np.arange(24, dtype=np.float32).reshape(4, 6).T, np.arange(10.0)[::3],
+                  np.arange(4, dtype=">f4")],
+        "numbers": [0, -7, 2**70, 1.5, -0.0, float("inf"), float("-inf"), float("nan"), 1e-310, True, False],
+        "other": [None, "text ü", [], {}, (), [[None]]],
+        "numpy_scalars": [np.float32(1.25), np.int64(3), np.bool_(True), np.float16(0.5)],
+        3: "an int key",
+        "__metadata__": np.ones(2, np.float32),   # a key that is safetensors' reserved name
+    }
+    path = tf.save(tmp_path / "x.safetensors", obj)
+    assert path == str(tmp_path / "x.safetensors")
+    out = tf.load(path)
+    expect = dict(obj)
+    expect["views"] = [np.ascontiguousarray(v).astype(v.dtype.newbyteorder("=")) for v in obj["views"]]
+    _assert_same(out, expect)
+    assert out["shapes"]["zero_d"].shape == ()
+    assert not any(n.endswith(".tmp") for n in os.listdir(tmp_path))
+
+
+def test_the_file_is_plain_safetensors(tmp_path):
+    """Other tools read the tensors (bfloat16 as BF16) and the metadata."""
+    import safetensors.torch
+    import torch
+    p = tf.save(tmp_path / "m.safetensors", {"w": np.ones((2, 3), BF16), "n": [1, np.arange(3)]})
+    t = safetensors.torch.load_file(p)
+    assert set(t) == {"w", "n[1]"} and t["w"].dtype == torch.bfloat16 and t["w"].shape == (2, 3)
+    with open(p, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[:8], "little")
+    meta = json.loads(data[8:8 + n])["__metadata__"]
+    assert meta["format"] == "triflux" and meta["format_version"] == "1"
+    assert json.loads(meta["structure"])["dict"][1] == ["n", {"list": [1, {"array": "n[1]"}]}]
+
+
+def test_bfloat16_bits_roundtrip_exactly(tmp_path):
+    bits = np.array([0x0000, 0x8000, 0x0001, 0x807F, 0x007F, 0x3F80, 0x7F7F, 0xFF7F,  # 0, -0, subnormals, 1, max
+                     0x7F80, 0xFF80,                                                    # +-inf
+                     0x7FC0, 0xFFC0, 0x7F81, 0x7FFF, 0xFFC1], np.uint16)                # NaN payloads
+    x = bits.view(BF16)
+    obj = {"x": x, "t": tf.Tensor._from_numpy(x.copy())}
+    if tf.functional("CUDA"):
+        obj["g"] = tf.CUDADevice(0)(obj["t"])
+    out = tf.load(tf.save(tmp_path / "b.safetensors", obj))
+    for k in obj:
+        assert out[k].dtype == BF16
+        np.testing.assert_array_equal(out[k].view(np.uint16), bits)
+    # and a bfloat16 model loads back bit for bit
+    m = tf.bf16(_mlp())
+    s = tf.load(tf.save(tmp_path / "m.safetensors", m))
+    assert s["layers"][0]["weight"].dtype == BF16
+    np.testing.assert_array_equal(s["layers"][0]["weight"].view(np.uint16),
+                                  m[0].weight.numpy().view(np.uint16))
+    m2 = tf.bf16(_mlp(1))
+    loadmodel(m2, s)
+    np.testing.assert_array_equal(m2[2].weight.numpy().view(np.uint16), m[2].weight.numpy().view(np.uint16))
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_model_and_optimiser_roundtrip_from_any_device(tmp_path, dev):
+    d = device(dev)
+    m = _mlp(d=d)
+    opt = setup(Adam(0.01), m)
+    x = tf.randn(5, 3, device=d)
+    (g,) = tf.gradient(lambda mm: mm(x).sum(), m)
+    update(opt, m, g)
+    p = tf.save(tmp_path / "ckpt.safetensors", {"model": m, "opt": opt, "epoch": 3})  # no cpu() first
+    ck = tf.load(p)
+    assert ck["epoch"] == 3
+    m2, other = _mlp(7), tf.cpu_device()
+    opt2 = setup(Adam(), m2)
+    loadmodel(m2, ck["model"])
+    loadmodel(opt2, ck["opt"])
+    for a, b in zip(leaves(state(m2)), leaves(state(m))):
+        np.testing.assert_array_equal(a, b)
+    leaf = opt2["layers"][0]["weight"]
+    assert leaf.rule == Adam(0.01) and leaf.state[2] == 1 and leaf.state[0].device == other
+    np.testing.assert_array_equal(leaf.state[1].numpy(), opt["layers"][0]["weight"].state[1].numpy())
+    # a model alone saves as its state
+    _assert_same(tf.load(tf.save(tmp_path / "m.safetensors", m)), state(m))
+
+
+def test_saved_on_the_gpu_loads_where_there_is_no_gpu(tmp_path):
+    if not tf.functional("CUDA"):
+        pytest.skip("no functional CUDA backend")
+    g = _mlp(3, tf.CUDADevice(0))
+    p = tf.save(tmp_path / "gpu.safetensors", {"model": g, "opt": setup(Adam(), g)})
+    want = state(g)
+    np.save(tmp_path / "want.npy", want["layers"][2]["weight"])
+    r = run_python(f"""
+        import numpy as np, triflux as tf
+        assert not tf.functional("CUDA")
+        ck = tf.load({p!r})
+        m = tf.Chain(tf.Dense(3, 4, tf.relu), tf.relu, tf.Dense(4, 2))
+        tf.loadmodel(m, ck["model"])
+        opt = tf.setup(tf.Adam(), m)
+        tf.loadmodel(opt, ck["opt"])
+        np.testing.assert_array_equal(m[2].weight.numpy(), np.load({str(tmp_path / "want.npy")!r}))
+        print("OK", m[2].weight.device)
+        """, env={"CUDA_VISIBLE_DEVICES": "-1"}, unset=("TRITON_INTERPRET",))
+    assert r.returncode == 0 and "OK CPUDevice" in r.stdout, r.stderr[-3000:]
+
+
+# --- atomic writes ---------------------------------------------------------------------------------
+
+def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+    p = tmp_path / "model.safetensors"
+    tf.save(p, {"w": np.arange(4.0)})
+    good = p.read_bytes()
+
+    def half_then_crash(f, data):
+        f.write(bytes(data[:len(data) // 2]))
+        raise OSError(28, "No space left on device (simulated)")
+
+    monkeypatch.setattr(serialization, "_write", half_then_crash)
+    with pytest.raises(OSError, match="simulated"):
+        tf.save(p, {"w": np.arange(1000.0)})
+    assert p.read_bytes() == good and os.listdir(tmp_path) == ["model.safetensors"]
+    monkeypatch.undo()
+
+    def fsync_fails(fd):
+        raise OSError(5, "I/O error (simulated)")
+
+    monkeypatch.setattr(serialization.os, "fsync", fsync_fails)
+    with pytest.raises(OSError, match="simulated"):
+        tf.save(p, {"w": np.arange(1000.0)})
+    monkeypatch.undo()
+    assert p.read_bytes() == good and os.listdir(tmp_path) == ["model.safetensors"]
+    _assert_same(tf.load(p), {"w": np.arange(4.0)})
+    # an object that cannot be stored fails before the file is touched
+    with pytest.raises(CheckpointError, match=r"`w\[1\]` is a function"):
+        tf.save(p, {"w": [1, lambda: 0]})
+    with pytest.raises(CheckpointError, match="key"):
+        tf.save(p, {(1, 2): 3})
+    with pytest.raises(CheckpointError, match="object"):
+        tf.save(p, {"o": np.array([None], dtype=object)})
+    assert p.read_bytes() == good
+    # a new write replaces it, with ordinary permissions
+    tf.save(p, {"w": np.arange(2.0)})
+    _assert_same(tf.load(p), {"w": np.arange(2.0)})
+    assert os.stat(p).st_mode & 0o644 == 0o644
+    with pytest.raises(CheckpointError, match="does not exist"):
+        tf.save(tmp_path / "no" / "such" / "m.safetensors", {})
+    with pytest.raises(CheckpointError, match="is a folder"):
+        tf.save(tmp_path, {})
+
+
+# --- errors on load ------------------------------------------------------------------------------
+
+def _load_error(path, **kw):
+    with pytest.raises(CheckpointError) as e:
+        tf.load(path, **kw)
+    msg = str(e.value)
+    assert str(path) in msg
+    assert isinstance(e.value, TrifluxError) and isinstance(e.value, ValueError)
+    return msg
+
+
+def test_missing_empty_truncated_and_random_files(tmp_path):
+    assert "no such file" in _load_error(tmp_path / "nope.safetensors")
+    assert "is a folder" in _load_error(tmp_path)
+    empty = tmp_path / "empty.safetensors"
+    empty.write_bytes(b"")
+    assert "empty" in _load_error(empty)
+    p = tf.save(tmp_path / "m.safetensors", {"model": _mlp(), "n": 3})
+    data = open(p, "rb").read()
+    cut = tmp_path / "cut.safetensors"
+    for n in (3, 8, 20, len(data) // 2, len(data) - 1):
+        cut.write_bytes(data[:n])
+        msg = _load_error(cut)
+        assert "truncated" in msg, (n, msg)
+    rnd = tmp_path / "random.bin"
+    for seed in range(5):
+        rnd.write_bytes(np.random.default_rng(seed).bytes(1000))
+        msg = _load_error(rnd)
+        assert "not a safetensors file" in msg or "corrupt" in msg
+    # a corrupt header
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(len(b"{nope").to_bytes(8, "little") + b"{nope")
+    assert "not valid JSON" in _load_error(bad)
+
+
+class _Evil:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))   # creates a file when unpickled
+
+
+def test_pickle_zip_bson_npy_files_are_refused_without_running_code(tmp_path):
+    sentinel = tmp_path / "pwned"
+    for proto in (0, 2, 4, 5):
+        p = tmp_path / f"evil{proto}.pkl"
+        p.write_bytes(pickle.dumps({"w": [_Evil(str(sentinel))]}, protocol=proto))
+        msg = _load_error(p)
+        assert "pickle" in msg and "never unpickles" in msg and "convert" in msg, msg
+    assert not sentinel.exists()
+    z = tmp_path / "model.pt"
+    with zipfile.ZipFile(z, "w") as f:
+        f.writestr("archive/data.pkl", pickle.dumps(1))
+    assert "torch.save" in _load_error(z)
+    npy = tmp_path / "w.npy"
+    np.save(npy, np.ones(3))
+    assert ".npy" in _load_error(npy)
+    # a BSON document: int32 total length, elements, trailing NUL
+    body = b"\x10w\x00" + (7).to_bytes(4, "little") + b"\x00"
+    bson = tmp_path / "model.bson"
+    bson.write_bytes((len(body) + 4).to_bytes(4, "little") + body)
+    assert "BSON" in _load_error(bson)
+
+
+def test_foreign_safetensors_file(tmp_path):
+    p = tmp_path / "hf.safetensors"
+    safetensors.numpy.save_file({"encoder.weight": np.ones((2, 2), np.float32), "bias": np.zeros(2)}, str(p))
+    msg = _load_error(p)
+    assert "not written by triflux" in msg and "'encoder.weight'" in msg and "'bias'" in msg
+    assert "flat=True" in msg
+    flat = tf.load(p, flat=True)
+    assert set(flat) == {"encoder.weight", "bias"} and flat["encoder.weight"].dtype == np.float32
+    # flat=True also reads triflux files, by tensor name
+    q = tf.save(tmp_path / "t.safetensors", _mlp())
+    assert set(tf.load(q, flat=True)) == {"layers[0].weight", "layers[0].bias", "layers[2].weight",
+                                          "layers[2].bias"}
+
+
+def _forged(path, tensors, structure, version="1"):
+    meta = {"format": "triflux", "format_version": version,
+            "structure": structure if isinstance(structure, str) else json.dumps(structure)}
+    safetensors.numpy.save_file(tensors, str(path), metadata=meta)
+    return path
+
+
+def test_structure_inconsistent_with_the_tensors(tmp_path):
+    a = {"a": np.ones(2, np.float32)}
+    p = tmp_path / "f.safetensors"
+    msg = _load_error(_forged(p, a, {"dict": [["a", {"array": "b"}]]}))
+    assert "does not match" in msg and "`a`" in msg and "'b'" in msg
+    msg = _load_error(_forged(p, {**a, "x": np.ones(1)}, {"dict": [["a", {"array": "a"}]]}))
+    assert "'x'" in msg and "not in the structure" in msg
+    msg = _load_error(_forged(p, a, {"list": [{"array": "a"}, {"array": "a"}]}))
+    assert "used twice" in msg
+    assert "unknown entry" in _load_error(_forged(p, a, {"list": [{"array": "a"}, {"code": "os.system('x')"}]}))
+    assert "a scalar" in _load_error(_forged(p, a, {"scalar": "a"}))
+    assert "not JSON" in _load_error(_forged(p, a, "{oops"))
+    msg = _load_error(_forged(p, a, {"array": "a"}, version="2"))
+    assert "newer triflux" in msg and "version 2" in msg
+    # the forged file with a consistent structure loads
+    _assert_same(tf.load(_forged(p, a, {"tuple": [{"array": "a"}]})), (a["a"],))

@@ -1,0 +1,226 @@
+"""The benchmarked workloads, each built twice: in triflux and as the same
+model in torch. A builder returns a closure running one training step
+(forward, backward, optimiser update), so every suite times the same thing:
+perf/ (pytest-benchmark, the interleaved ratio, the GPU script) and
+``python -m triflux bench``, a quick run printing a table (``main`` below).
+
+``device`` is ``"cpu"`` (triflux's NumPy reference, torch's CPU kernels) or
+``"cuda"`` (triflux's Triton kernels, torch's cuDNN/cuBLAS).
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+MLP = dict(batch=128, sizes=(784, 256, 256, 10))
+#: the issue's CPU target: a UNet step at batch 4, 64x64 (triflux.models.UNet's defaults:
+#: depth 4, 64 base channels, 31M parameters)
+UNET = dict(batch=4, size=64, in_channels=3, classes=2, depth=4, base=64)
+
+
+def _np_dtype(dtype):
+    import triflux as tf
+    return {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.dtypes.bfloat16}[dtype]
+
+
+def _torch_dtype(dtype):
+    import torch
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+
+
+def _tf_device(device):
+    import triflux as tf
+    return tf.cpu_device() if device == "cpu" else tf.CUDADevice(0)
+
+
+# --- the MLP ------------------------------------------------------------------------------
+
+def mlp_data(cfg=MLP):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((cfg["batch"], cfg["sizes"][0])).astype(np.float32)
+    y = np.eye(cfg["sizes"][-1], dtype=np.float32)[rng.integers(0, cfg["sizes"][-1], cfg["batch"])]
+    return x, y
+
+
+def triflux_mlp_step(cfg=MLP, device="cpu"):
+    """A closure running one triflux training step of the MLP."""
+    import triflux as tf
+    from triflux import losses, optimise
+    x, y = mlp_data(cfg)
+    s = cfg["sizes"]
+    dev = _tf_device(device)
+    model = dev(tf.Chain(tf.Dense(s[0], s[1], tf.relu), tf.Dense(s[1], s[2], tf.relu), tf.Dense(s[2], s[3])))
+    opt = optimise.setup(optimise.Adam(1e-3), model)
+    xt, yt = dev(x), dev(y)
+
+    def step():
+        _, (g,) = tf.withgradient(lambda m: losses.logitcrossentropy(m(xt), yt), model)
+        optimise.update(opt, model, g)
+    return step
+
+
+def torch_mlp_step(cfg=MLP, device="cpu"):
+    """A closure running one torch training step of the same MLP."""
+    import torch
+    x, y = mlp_data(cfg)
+    s = cfg["sizes"]
+    model = torch.nn.Sequential(torch.nn.Linear(s[0], s[1]), torch.nn.ReLU(), torch.nn.Linear(s[1], s[2]),
+                                torch.nn.ReLU(), torch.nn.Linear(s[2], s[3])).to(device)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xt), yt).backward()
+        opt.step()
+    return step
+
+
+# --- the UNet -----------------------------------------------------------------------------
+
+def unet_data(cfg=UNET):
+    rng = np.random.default_rng(0)
+    n, s = cfg["batch"], cfg["size"]
+    x = rng.standard_normal((n, cfg["in_channels"], s, s)).astype(np.float32)
+    labels = rng.integers(0, cfg["classes"], (n, s, s))
+    y = np.eye(cfg["classes"], dtype=np.float32)[labels].transpose(0, 3, 1, 2)
+    return x, np.ascontiguousarray(y)
+
+
+def triflux_unet_step(cfg=UNET, device="cpu", dtype="float32"):
+    """A closure running one triflux training step of ``triflux.models.UNet``
+    (per-pixel logitcrossentropy, Adam)."""
+    import triflux as tf
+    from triflux import losses, models, optimise
+    dev = _tf_device(device)
+    model = models.UNet(cfg["in_channels"], cfg["classes"], depth=cfg["depth"], base_channels=cfg["base"])
+    if dtype != "float32":
+        model = tf.f16(model) if dtype == "float16" else tf.bf16(model)
+    model = dev(model)
+    opt = optimise.setup(optimise.Adam(1e-3), model)
+    x, y = unet_data(cfg)
+    xt, yt = dev(x.astype(_np_dtype(dtype))), dev(y.astype(_np_dtype(dtype)))
+
+    def step():
+        _, (g,) = tf.withgradient(lambda m: losses.logitcrossentropy(m(xt), yt, dims=1), model)
+        optimise.update(opt, model, g)
+    return step
+
+
+def torch_unet(cfg=UNET):
+    """The same architecture as ``triflux.models.UNet`` in torch.nn: (3x3 conv
+    without bias, BatchNorm, relu) twice per level, 2x2 max pooling down, 2x2
+    stride-2 ConvTranspose up, ``cat([up, skip])``, a 1x1 conv head."""
+    import torch
+    from torch import nn
+
+    def double_conv(i, o):
+        return nn.Sequential(nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU(),
+                             nn.Conv2d(o, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU())
+
+    class UNet(nn.Module):
+        def __init__(self, cin, classes, depth, base):
+            super().__init__()
+            ch = [base * 2 ** d for d in range(depth + 1)]
+            self.depth = depth
+            self.down = nn.ModuleList([double_conv(cin if d == 0 else ch[d - 1], ch[d]) for d in range(depth + 1)])
+            self.up = nn.ModuleList([nn.ConvTranspose2d(ch[d + 1], ch[d], 2, stride=2) for d in range(depth)])
+            self.merge = nn.ModuleList([double_conv(2 * ch[d], ch[d]) for d in range(depth)])
+            self.head = nn.Conv2d(base, classes, 1)
+
+        def forward(self, x):
+            skips = []
+            for d in range(self.depth):
+                x = self.down[d](x)
+                skips.append(x)
+                x = nn.functional.max_pool2d(x, 2)
+            x = self.down[self.depth](x)
+            for d in reversed(range(self.depth)):
+                x = self.merge[d](torch.cat([self.up[d](x), skips[d]], 1))
+            return self.head(x)
+
+    return UNet(cfg["in_channels"], cfg["classes"], cfg["depth"], cfg["base"])
+
+
+def torch_unet_step(cfg=UNET, device="cpu", dtype="float32"):
+    """A closure running one torch training step of the same UNet."""
+    import torch
+    model = torch_unet(cfg).to(device=device, dtype=_torch_dtype(dtype))
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    x, y = unet_data(cfg)
+    xt = torch.from_numpy(x).to(device=device, dtype=_torch_dtype(dtype))
+    yt = torch.from_numpy(y).to(device=device, dtype=_torch_dtype(dtype))
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xt), yt).backward()
+        opt.step()
+    return step
+
+
+BUILDERS = {("mlp", "triflux"): triflux_mlp_step, ("mlp", "torch"): torch_mlp_step,
+            ("unet", "triflux"): triflux_unet_step, ("unet", "torch"): torch_unet_step}
+
+
+# --- python -m triflux bench ----------------------------------------------------------------
+
+#: the quick run's workloads: (label, workload, config)
+QUICK = (("MLP step 784-256-256-10, batch 128", "mlp", MLP),
+         ("UNet step depth 2, base 16, batch 4, 32x32", "unet", dict(UNET, depth=2, base=16, size=32)))
+
+
+def _median_time(step, reps, warmup=1, sync=lambda: None):
+    for _ in range(warmup):
+        step()
+    sync()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        step()
+        sync()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def main(argv=None):
+    """``python -m triflux bench``: time each workload in triflux and in torch
+    on the same device, one after the other in this process, and print a
+    table of medians and ratios. Quick and indicative; perf/ holds the
+    careful suites (perf/interleaved.py for fair CPU ratios)."""
+    p = argparse.ArgumentParser(prog="python -m triflux bench", description=main.__doc__)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: the NumPy reference vs torch's CPU kernels; cuda: Triton kernels vs torch on the GPU")
+    p.add_argument("--reps", type=int, default=5, help="timed steps per workload and side (default 5)")
+    p.add_argument("--full", action="store_true", help="also the issue's UNet: depth 4, base 64, batch 4, 64x64")
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error("--reps must be positive")
+    from . import backend
+    if not backend.has_module("torch"):
+        p.error("the benchmarks compare against torch: `pip install torch`")
+    torch = backend.torch()
+    sync, torch_device = (lambda: None), "cpu"
+    if args.device == "cuda":
+        ok, why = backend.status("CUDA")
+        if not ok:
+            p.error(f"--device cuda: {why}")
+        if torch.cuda.is_available() and not backend.interpreter_on():   # a real GPU: torch runs there too
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+            sync, torch_device = torch.cuda.synchronize, "cuda"
+    work = list(QUICK) + ([("UNet step depth 4, base 64, batch 4, 64x64", "unet", UNET)] if args.full else [])
+    print(f"device: {args.device}; torch {torch.__version__}; {args.reps} timed steps each (medians)")
+    print("| workload | triflux | torch | ratio triflux/torch |\n| --- | --- | --- | --- |")
+    for label, name, cfg in work:
+        a = BUILDERS[name, "triflux"](cfg, device=args.device)
+        b = BUILDERS[name, "torch"](cfg, device=torch_device)
+        ta = _median_time(a, args.reps, sync=sync)
+        tb = _median_time(b, args.reps, sync=sync)
+        print(f"| {label} | {ta * 1e3:.2f} ms | {tb * 1e3:.2f} ms | {ta / tb:.2f}x |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
