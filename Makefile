@@ -30,7 +30,7 @@ $(STAMP): setup.cfg setup.py requirements/test.txt requirements/cpu-machine.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m triflux demo mlp
+	$(BIN)/python -m triflux demo unet
 
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(JOBS) tests

@@ -7,7 +7,9 @@ values per channel. ``gamma``, ``beta`` (and for ``batchnorm_test`` the given
 ``mean``, ``var``) have shape (C,).
 
 The running-statistics update (momentum, unbiased variance) is the layer's
-job; these functions only normalise.
+job; these functions only normalise. float16/bfloat16 compute in float32 and
+round once at the end (a sum over N*H*W half-precision values would
+overflow or lose the small terms); float32 and float64 stay as they are.
 """
 import numpy as np
 
@@ -22,6 +24,13 @@ def _check(x, *per_channel):
         if np.shape(v) != (c,):
             raise ShapeError(f"batch norm: per-channel parameters must have shape ({c},), "
                              f"got {np.shape(v)} for x of shape {x.shape}")
+
+
+def _up(*arrays):
+    """The arrays in the compute dtype: float32 for 16-bit floats, else their own."""
+    dt = np.asarray(arrays[0]).dtype
+    ct = np.dtype(np.float32) if dt.itemsize == 2 else dt
+    return [np.asarray(a).astype(ct, copy=False) for a in arrays]
 
 
 def _axes(x):
@@ -53,9 +62,11 @@ def batchnorm_train_forward(x, gamma, beta, eps=1e-5):
     mu_c = mean of x[:, c, ...],  s2_c = mean of (x[:, c, ...] - mu_c)^2 (biased).
     """
     _check(x, gamma, beta)
+    dtype = x.dtype
+    x, gamma, beta = _up(x, gamma, beta)
     mean, var = _batch_stats(x)
     xhat = (x - mean) / np.sqrt(var + x.dtype.type(eps))
-    return (_per_channel(gamma, x) * xhat + _per_channel(beta, x)).astype(x.dtype)
+    return (_per_channel(gamma, x) * xhat + _per_channel(beta, x)).astype(dtype)
 
 
 def batchnorm_train_backward(grad, out, x, gamma, beta, eps=1e-5):
@@ -68,11 +79,12 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, eps=1e-5):
     recomputed from x.
     """
     _check(x, gamma, beta)
+    dtypes = x.dtype, np.asarray(gamma).dtype, np.asarray(beta).dtype
+    x, gamma, beta, g = _up(x, gamma, beta, grad)
     axes = _axes(x)
     mean, var = _batch_stats(x)
     istd = 1 / np.sqrt(var + x.dtype.type(eps))
     xhat = (x - mean) * istd
-    g = np.asarray(grad, dtype=x.dtype)
     dbeta = np.sum(g, axis=axes)
     dgamma = np.sum(g * xhat, axis=axes)
     m = x.size // x.shape[1] if x.shape[1] else 0
@@ -81,17 +93,18 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, eps=1e-5):
     else:
         dx = _per_channel(gamma, x) * istd / m * (
             m * g - _per_channel(dbeta, x) - xhat * _per_channel(dgamma, x))
-    return (dx.astype(x.dtype), dgamma.astype(np.asarray(gamma).dtype),
-            dbeta.astype(np.asarray(beta).dtype))
+    return dx.astype(dtypes[0]), dgamma.astype(dtypes[1]), dbeta.astype(dtypes[2])
 
 
 def batchnorm_test_forward(x, gamma, beta, mean, var, eps=1e-5):
     """y = gamma * (x - mean) / sqrt(var + eps) + beta, with the given (running)
     per-channel ``mean`` and ``var``."""
     _check(x, gamma, beta, mean, var)
+    dtype = x.dtype
+    x, gamma, beta, mean, var = _up(x, gamma, beta, mean, var)
     istd = 1 / np.sqrt(_per_channel(var, x) + x.dtype.type(eps))
     y = _per_channel(gamma, x) * (x - _per_channel(mean, x)) * istd + _per_channel(beta, x)
-    return y.astype(x.dtype)
+    return y.astype(dtype)
 
 
 def batchnorm_test_backward(grad, out, x, gamma, beta, mean, var, eps=1e-5):
@@ -101,11 +114,11 @@ def batchnorm_test_backward(grad, out, x, gamma, beta, mean, var, eps=1e-5):
     no gradient (None) for the statistics ``mean`` and ``var``.
     """
     _check(x, gamma, beta, mean, var)
+    dtypes = x.dtype, np.asarray(gamma).dtype, np.asarray(beta).dtype
+    x, gamma, beta, mean, var, g = _up(x, gamma, beta, mean, var, grad)
     axes = _axes(x)
     istd = 1 / np.sqrt(_per_channel(var, x) + x.dtype.type(eps))
-    g = np.asarray(grad, dtype=x.dtype)
     dx = g * _per_channel(gamma, x) * istd
     dgamma = np.sum(g * (x - _per_channel(mean, x)) * istd, axis=axes)
     dbeta = np.sum(g, axis=axes)
-    return (dx.astype(x.dtype), dgamma.astype(np.asarray(gamma).dtype),
-            dbeta.astype(np.asarray(beta).dtype), None, None)
+    return dx.astype(dtypes[0]), dgamma.astype(dtypes[1]), dbeta.astype(dtypes[2]), None, None

@@ -192,3 +192,224 @@ def test_kernels_use_torch_only_for_memory():
         kc.conv_transpose2d_backward(z, z, x, w, **at)
     ops = assert_torch_only_moves_memory(work, "the conv kernels")
     assert "empty.memory_format" in ops
+
+
+# --- conv2d_bias_act: act(conv2d(x, w) + b), fused ---------------------------------------------
+
+ACTS = ("identity", "relu", "sigmoid", "tanh")
+BIAS_ACT = {
+    "groups2": ((2, 4, 5, 6), (6, 2, 3, 2), dict(stride=(1, 2), padding=(1, 0, 0, 1), dilation=(1, 1), groups=2)),
+    "stride2": ((2, 2, 7, 6), (3, 2, 3, 3), dict(stride=(2, 2), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)),
+    "empty_batch": ((0, 2, 5, 5), (2, 2, 3, 3), dict(stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)),
+}
+
+
+def _bias_act_problem(name, act, scale=2.0):
+    xs, ws, attrs = BIAS_ACT[name]
+    x, w, b = _rand(xs, 11) * scale, _rand(ws, 12), _rand((ws[0],), 13)
+    y = ref.conv2d_bias_act_forward(x, w, b, activation=act, **attrs)
+    return x, w, b, _rand(y.shape, 14), dict(attrs, activation=act)
+
+
+def _torch_bias_act(x, w, b, g, attrs, dtype=torch.float64):
+    ts = [torch.tensor(a, dtype=dtype, requires_grad=True) for a in (x, w, b)]
+    y = oracle.conv2d_bias_act_torch(*ts, **attrs)
+    y.backward(torch.tensor(g, dtype=dtype))
+    return (y.detach().double().numpy(),) + tuple(t.grad.double().numpy() for t in ts)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("name", list(BIAS_ACT))
+def test_bias_act_reference_matches_torch(name, act):
+    x, w, b, g, attrs = _bias_act_problem(name, act)
+    y = ref.conv2d_bias_act_forward(x, w, b, **attrs)
+    dx, dw, db = ref.conv2d_bias_act_backward(g, y, x, w, b, **attrs)
+    for a, e, what in zip((y, dx, dw, db), _torch_bias_act(x, w, b, g, attrs), ("y", "dx", "dw", "db")):
+        _close(a, e, 1e-12, f"conv2d_bias_act {name} {act} reference {what}")
+        assert np.asarray(a).dtype == np.float64
+
+
+def test_bias_act_reference_is_conv2d_then_bias_then_activation():
+    """The fused reference equals the unfused composition (and keeps float32)."""
+    x, w, b, g, attrs = _bias_act_problem("groups2", "tanh")
+    a = {k: v for k, v in attrs.items() if k != "activation"}
+    z = ref.conv2d_forward(x, w, **a) + b.reshape(1, -1, 1, 1)
+    _close(ref.conv2d_bias_act_forward(x, w, b, **attrs), np.tanh(z), 1e-14, "tanh(conv2d + b)")
+    y32 = ref.conv2d_bias_act_forward(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32), **attrs)
+    grads = ref.conv2d_bias_act_backward(g.astype(np.float32), y32, x.astype(np.float32), w.astype(np.float32),
+                                         b.astype(np.float32), **attrs)
+    assert y32.dtype == np.float32 and all(gr.dtype == np.float32 for gr in grads)
+
+
+def test_relu_at_zero_preactivation_has_zero_derivative_everywhere():
+    """relu'(0) = 0 (torch's convention) in the reference, the kernels and torch:
+    pre-activations that are exactly 0 (x = 0 rows, zero bias, integer data
+    that cancels exactly) pass no gradient."""
+    x = np.zeros((1, 2, 4, 4))
+    x[0, 0, :2] = 1.0
+    x[0, 1, :2] = 1.0                                    # channel 0 cancels channel 1 below
+    w = np.zeros((3, 2, 1, 1))
+    w[0, :, 0, 0] = (1.0, -1.0)                          # z = 0 exactly at every pixel
+    w[1, :, 0, 0] = (1.0, 1.0)                           # z = 2 on the first rows, 0 elsewhere
+    w[2, :, 0, 0] = (-1.0, 0.0)                          # z = -1 + 1 = 0 on the first rows
+    b = np.array([0.0, 0.0, 1.0])
+    attrs = dict(stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, activation="relu")
+    g = np.ones((1, 3, 4, 4))
+    y = ref.conv2d_bias_act_forward(x, w, b, **attrs)
+    z = np.einsum("nchw,oc->nohw", x, w[:, :, 0, 0]) + b.reshape(1, -1, 1, 1)
+    assert np.count_nonzero(z == 0) > 16                 # the case is really at the kink
+    dx, dw, db = ref.conv2d_bias_act_backward(g, y, x, w, b, **attrs)
+    mask = (z > 0).astype(np.float64)                    # relu'(z) = [z > 0]
+    np.testing.assert_array_equal(db, (g * mask).sum(axis=(0, 2, 3)))
+    ty, tdx, tdw, tdb = _torch_bias_act(x, w, b, g, attrs)
+    for a, e, what in ((y, ty, "y"), (dx, tdx, "dx"), (dw, tdw, "dw"), (db, tdb, "db")):
+        np.testing.assert_array_equal(a, e, err_msg=f"reference vs torch at relu's kink: {what}")
+    if backend.functional("CUDA"):
+        kc, dev = _kernels()
+        for dtype in (torch.float32, torch.float16):
+            kx, kw, kb, kg = (torch.tensor(a).to(dtype).to(dev) for a in (x, w, b, g))
+            ky = kc.conv2d_bias_act_forward(kx, kw, kb, **attrs)
+            grads = kc.conv2d_bias_act_backward(kg, ky, kx, kw, kb, **attrs)
+            for a, e, what in zip((ky,) + tuple(grads), (y, dx, dw, db), ("y", "dx", "dw", "db")):
+                np.testing.assert_array_equal(a.to("cpu").double().numpy(), e,
+                                              err_msg=f"kernel {dtype} vs reference at relu's kink: {what}")
+
+
+def test_bias_act_reference_errors():
+    x, w, b = np.zeros((1, 2, 5, 5)), np.zeros((3, 2, 3, 3)), np.zeros(3)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ref.conv2d_bias_act_forward(x, w, b, activation="gelu")
+    with pytest.raises(ShapeError, match=r"bias must have shape \(3,\)"):
+        ref.conv2d_bias_act_forward(x, w, np.zeros(2))
+    with pytest.raises(DTypeError, match="bias is float32"):
+        ref.conv2d_bias_act_forward(x, w, np.zeros(3, dtype=np.float32))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("act", ACTS)
+def test_bias_act_kernel_matches_torch(act, dtype):
+    kc, dev = _kernels()
+    for name in BIAS_ACT:
+        x, w, b, g, attrs = _bias_act_problem(name, act, scale=1.0)
+        xr, wr, br, gr = (torch.tensor(a).to(dtype).double().numpy() for a in (x, w, b, g))
+        expected = _torch_bias_act(xr, wr, br, gr, attrs)
+        layouts = {"groups2": ("strided", "transposed"), "stride2": ("transposed", "strided")}.get(
+            name, ("contiguous",) * 2)
+        xt = _layout(torch.tensor(xr).to(dtype).to(dev), layouts[0])
+        wt = _layout(torch.tensor(wr).to(dtype).to(dev), layouts[1])
+        bt = _layout(torch.tensor(br).to(dtype).to(dev), "strided")
+        gt = _layout(torch.tensor(gr).to(dtype).to(dev), layouts[1])
+        y = kc.conv2d_bias_act_forward(xt, wt, bt, **attrs)
+        grads = kc.conv2d_bias_act_backward(gt, y, xt, wt, bt, **attrs)
+        # the backward sees y rounded to dtype: sigmoid's y(1 - y) and tanh's 1 - y^2 inherit it
+        tol = TOL[dtype] * (1 if act in ("identity", "relu") or dtype in (torch.float32, torch.float64) else 2)
+        for a, e, t, what in zip((y,) + tuple(grads), expected, (xt, xt, wt, bt), ("y", "dx", "dw", "db")):
+            assert a.dtype == dtype and a.is_contiguous(), f"{what}: {a.dtype}, contiguous {a.is_contiguous()}"
+            assert what == "y" or a.shape == t.shape, f"{what}: shape {tuple(a.shape)} != {tuple(t.shape)}"
+            _close(a.detach().to("cpu").double().numpy(), e, tol, f"conv2d_bias_act {name} {act} {dtype} {what}")
+
+
+@needs_kernels
+def test_bias_act_bias_gradient_in_splits(monkeypatch):
+    """On a GPU, many pixels per channel are summed in several programs and a
+    second launch (no atomics): forced here in the interpreter."""
+    kc, dev = _kernels()
+    from triflux.triton_kernels import common
+    g = _rand((2, 3, 48, 50), 21)
+    y = 1 / (1 + np.exp(-_rand((2, 3, 48, 50), 22)))
+    for dtype in (torch.float32, torch.float64):
+        gt, yt = (torch.tensor(a).to(dtype).to(dev) for a in (g, y))
+        bt = torch.tensor(_rand((3,), 23)).to(dtype).to(dev)
+        launched, launch = [], common.launch
+        monkeypatch.setattr(common, "launch", lambda k, grid, *a, **m: (launched.append((k, grid)),
+                                                                        launch(k, grid, *a, **m))[1])
+        monkeypatch.setattr(common, "INTERPRET", False)
+        gz, db = kc._act_grad_and_bias_grad(gt, yt, bt, kc._ACT_CODES["sigmoid"])
+        monkeypatch.setattr(common, "INTERPRET", True)
+        monkeypatch.setattr(common, "launch", launch)
+        assert [k for k, _ in launched] == [kc._act_grad_kernel, kc._sum_splits_kernel], launched
+        assert launched[0][1][1] > 1, f"one split only: {launched}"
+        gz64 = g * y * (1 - y) if dtype == torch.float64 else (gt.double() * (yt.double() * (1 - yt.double()))).numpy()
+        _close(gz.to("cpu").double().numpy(), gz64, TOL[dtype], f"{dtype} gz")
+        _close(db.to("cpu").double().numpy(), gz64.sum(axis=(0, 2, 3)), 4 * TOL[dtype], f"{dtype} db in splits")
+
+
+@needs_kernels
+def test_bias_act_kernel_errors():
+    kc, dev = _kernels()
+    x, w = torch.zeros((1, 2, 5, 5), device=dev), torch.zeros((3, 2, 3, 3), device=dev)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        kc.conv2d_bias_act_forward(x, w, torch.zeros(3, device=dev), activation="softplus")
+    with pytest.raises(ShapeError, match=r"bias must have shape \(3,\)"):
+        kc.conv2d_bias_act_forward(x, w, torch.zeros((1, 3), device=dev))
+    with pytest.raises(DTypeError, match="bias is torch.float64"):
+        kc.conv2d_bias_act_forward(x, w, torch.zeros(3, dtype=torch.float64, device=dev))
+
+
+@needs_kernels
+def test_bias_act_kernels_use_torch_only_for_memory():
+    from torch_ops import assert_torch_only_moves_memory
+    kc, dev = _kernels()
+    x = torch.tensor(_rand((2, 4, 5, 6), 0), dtype=torch.float16).to(dev)
+    w = torch.tensor(_rand((4, 2, 3, 3), 1), dtype=torch.float16).to(dev)
+    b = torch.tensor(_rand((4,), 2), dtype=torch.float16).to(dev)
+    a = dict(stride=(2, 1), padding=(1, 1, 0, 2), dilation=(1, 1), groups=2)
+
+    def work():
+        for act in ACTS:
+            y = kc.conv2d_bias_act_forward(x, w, b, activation=act, **a)
+            kc.conv2d_bias_act_backward(y.transpose(2, 3).transpose(2, 3), y, x, w, b, activation=act, **a)
+    assert_torch_only_moves_memory(work, "the conv2d_bias_act kernels")
+
+
+# --- the Conv layer uses the fused primitive ---------------------------------------------------
+
+def _recorded(layer, x):
+    """Names of the primitives the tape records for ``layer(x)``."""
+    from triflux import autodiff
+    tape = autodiff.Tape([x, layer.weight] + ([layer.bias] if layer.bias is not None else []))
+    outer, autodiff.TAPE = autodiff.TAPE, tape
+    try:
+        layer(x)
+    finally:
+        autodiff.TAPE = outer
+    return [prim.name for prim, *_ in tape.nodes]
+
+
+@pytest.mark.parametrize("dev", ["cpu", "cuda"])
+def test_conv_layer_records_one_fused_primitive(dev):
+    import triflux as tf
+    if dev == "cuda" and not backend.functional("CUDA"):
+        pytest.skip("no functional CUDA backend (set TRITON_INTERPRET=1)")
+    from helpers import device
+    d = device(dev)
+    x = d(tf.tensor(np.random.default_rng(0).standard_normal((2, 3, 6, 6)).astype(np.float32)))
+    for act, name in ((tf.relu, "relu"), (tf.sigmoid, "sigmoid"), (tf.σ, "sigmoid"), (tf.tanh, "tanh"),
+                      (tf.identity, "identity")):
+        layer = d(tf.Conv((3, 3), 3, 4, act, pad=1))
+        assert _recorded(layer, x) == ["conv2d_bias_act"], f"Conv with {name}: not fused"
+    # activations whose derivative needs the input, and no bias: the unfused path
+    names = _recorded(d(tf.Conv((3, 3), 3, 4, tf.leakyrelu, pad=1)), x)
+    assert names[0] == "conv2d" and names[-1] == "leakyrelu" and "add" in names, names
+    assert _recorded(d(tf.Conv((3, 3), 3, 4, tf.relu, pad=1, bias=False)), x) == ["conv2d", "relu"]
+
+
+def test_ops_conv2d_bias_act_checks_and_matches_the_unfused_ops():
+    import triflux as tf
+    from triflux import ops
+    rng = np.random.default_rng(5)
+    x = tf.tensor(rng.standard_normal((2, 4, 5, 5)).astype(np.float32))
+    w = tf.tensor(rng.standard_normal((6, 2, 3, 3)).astype(np.float32))
+    b = tf.tensor(rng.standard_normal(6).astype(np.float32))
+    y = ops.conv2d_bias_act(x, w, b, stride=2, padding=1, groups=2, activation="sigmoid")
+    z = ops.conv2d(x, w, stride=2, padding=1, groups=2) + ops.reshape(b, (1, -1, 1, 1))
+    np.testing.assert_allclose(y.numpy(), ops.sigmoid(z).numpy(), rtol=1e-6, atol=1e-7)
+    # a float64 bias promotes as conv2d(x, w) + b would
+    assert ops.conv2d_bias_act(x, w, tf.tensor(np.zeros(6)), groups=2).dtype == np.float64
+    with pytest.raises(ValueError, match="activation must be 'identity', 'relu', 'sigmoid' or 'tanh'"):
+        ops.conv2d_bias_act(x, w, b, groups=2, activation="gelu")
+    with pytest.raises(ShapeError, match=r"bias must have shape \(6,\)"):
+        ops.conv2d_bias_act(x, w, tf.tensor(np.zeros(4, dtype=np.float32)), groups=2)
+    with pytest.raises(ShapeError, match="input channels"):
+        ops.conv2d_bias_act(x, w, b)

@@ -147,7 +147,8 @@ def interpreter_gap(name, dtype, direction):
 #: Backward passes of broadcasting primitives accumulate too (the gradient of a
 #: broadcast input is a sum over the broadcast axes); the harness adds that
 #: loosener whenever a gradient has fewer elements than the output gradient.
-ACCUMULATING = {"sum", "mean", "matmul", "softmax", "logsoftmax", "logsumexp", "conv2d", "conv_transpose2d"}
+ACCUMULATING = {"sum", "mean", "matmul", "softmax", "logsoftmax", "logsumexp", "conv2d", "conv_transpose2d",
+                "conv2d_bias_act"}
 ACCUMULATION_C = 4.0
 
 #: Multilinear primitives (their forward, and their backward in every argument
@@ -160,7 +161,7 @@ ACCUMULATION_C = 4.0
 #: against max(||e||, ||f(|x|)||). Only for accumulating directions: a plain
 #: elementwise a+b is computed exactly in float32 and rounded once, so it keeps
 #: the strict relative measure.
-MULTILINEAR_FORWARD = {"sum", "mean", "matmul", "conv2d", "conv_transpose2d"}
+MULTILINEAR_FORWARD = {"sum", "mean", "matmul", "conv2d", "conv_transpose2d", "conv2d_bias_act"}
 MULTILINEAR_BACKWARD = {"sum", "mean", "matmul", "conv2d", "conv_transpose2d", "broadcast_to", "reshape", "transpose",
                         "getitem", "concat", "contiguous"}
 #: Broadcasting elementwise operations. The gradient of a broadcast input is
@@ -191,6 +192,8 @@ def magnitude(name, direction, *, inputs, attrs, out=None, grad=None, reference=
     absin = tuple(np.abs(x) if _is_float_array(x) else x for x in inputs)
     if direction == "forward" and name in MULTILINEAR_FORWARD:
         return _finite_max(reference(*absin, **attrs))
+    if direction == "backward" and name == "conv2d_bias_act":
+        return _conv_bias_act_backward_floor(inputs, attrs, out, grad)
     if direction == "backward" and name in MULTILINEAR_BACKWARD:
         grads = reference(np.abs(grad), np.abs(out), *absin, **attrs)
         return tuple(None if g is None else _finite_max(g) for g in grads)
@@ -226,6 +229,23 @@ def magnitude(name, direction, *, inputs, attrs, out=None, grad=None, reference=
         k = x.shape[_axis_of(attrs, x)] if x.ndim else 1
         return 2 * _finite_max(x) + math.log(max(k, 1))
     return None if direction == "forward" else (None,) * len(inputs)
+
+
+def _conv_bias_act_backward_floor(inputs, attrs, out, grad):
+    """conv2d_bias_act's backward reads the output y rounded to the dtype, and
+    act'(y) moves by |d act'/dy| u |y| (sigmoid: |1 - 2y|, tanh: 2|y|), so
+    gz = G act'(y) carries terms of size |G| (|act'(y)| + |d act'/dy| |y|);
+    dx, dw and db then sum those like conv2d's backward (on |x|, |w|)."""
+    from triflux.reference import conv as rc
+    x, w, _ = inputs
+    y = np.abs(np.asarray(out, dtype=np.float64))
+    s = {"identity": np.ones_like(y), "relu": (y > 0).astype(np.float64),
+         "sigmoid": y * np.abs(1 - y) + np.abs(1 - 2 * y) * y,
+         "tanh": np.abs(1 - y * y) + 2 * y * y}[attrs["activation"]]
+    gz = np.abs(np.asarray(grad, dtype=np.float64)) * s
+    conv_attrs = {k: v for k, v in attrs.items() if k != "activation"}
+    dx, dw = rc.conv2d_backward(gz, gz, np.abs(x), np.abs(w), **conv_attrs)
+    return (_finite_max(dx), _finite_max(dw), _finite_max(gz.sum(axis=(0, 2, 3))))
 
 
 def _axis_of(attrs, x):

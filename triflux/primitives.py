@@ -66,6 +66,10 @@ register("rmsprop_update", "optimise", differentiable=False, in_place=True,
 register("conv2d", "conv",
          doc="inputs: x (N, C, H, W), w (O, C/groups, kh, kw); attrs: stride (sh, sw), "
              "padding (top, bottom, left, right), dilation (dh, dw), groups. Cross-correlation, as torch.")
+register("conv2d_bias_act", "conv",
+         doc="inputs: x (N, C, H, W), w (O, C/groups, kh, kw), b (O,); attrs: stride, padding (top, bottom, "
+             "left, right), dilation, groups, activation (one of 'identity', 'relu', 'sigmoid', 'tanh'). "
+             "y = act(conv2d(x, w) + b[o]), fused; the backward uses only the output y.")
 register("conv_transpose2d", "conv",
          doc="inputs: x (N, C, H, W), w (C, O/groups, kh, kw); attrs: stride, padding (top, bottom, left, "
              "right), output_padding (oh, ow), dilation, groups. The adjoint of conv2d, as torch.")

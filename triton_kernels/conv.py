@@ -16,6 +16,14 @@ Implicit GEMM, no im2col in device memory. Two kernels do everything:
   N x Ho x Wo output pixels, BM at a time (one program does the whole sum,
   so half-precision weights are rounded once).
 
+conv2d_bias_act is the forward kernel with ``HAS_BIAS`` and an activation
+code ``ACT`` (identity, relu, sigmoid, tanh) applied to the accumulator in
+the epilogue, before the one store (the plain conv2d passes HAS_BIAS=False,
+ACT=0). Its backward is one pass ``_act_grad_kernel`` (gz = G * act'(y) from
+the output y, and the per-channel sums of gz for the bias, partial sums and
+``_sum_splits_kernel`` on the GPU when there are many pixels: no atomics),
+then the two kernels above on gz.
+
 conv_transpose2d is conv2d's adjoint, so it reuses them as in the reference:
 forward = conv2d's input gradient, dx = conv2d forward, dw = conv2d weight
 gradient with the roles of input and output gradient exchanged.
@@ -36,9 +44,10 @@ import triton.language as tl
 
 from . import common
 from .common import store_value
+from .elementwise import _sigmoid, _tanh
 from ..errors import DTypeError, ShapeError
 # the shape arithmetic is the reference's: both sides read attrs the same way
-from ..reference.conv import _out_side, _transpose_out_shape
+from ..reference.conv import _out_side, _transpose_out_shape, BIAS_ACTIVATIONS
 
 _DOT_NATIVE = 0
 _DOT_F32 = 1
@@ -53,6 +62,14 @@ def _dot_kind(dtype):
     return _DOT_NATIVE
 
 
+def _dot_kind_of(a, b):
+    """The dot kind for operands ``a`` and ``b``: mixed dtypes (a float32
+    gradient with float16 weights) compute in the wider type."""
+    if a.dtype == b.dtype:
+        return _dot_kind(a.dtype)
+    return _DOT_F64 if torch.float64 in (a.dtype, b.dtype) else _DOT_F32
+
+
 @triton.jit
 def _mma(acc, a, b, DOT: tl.constexpr):
     if DOT == 2:
@@ -65,7 +82,23 @@ def _mma(acc, a, b, DOT: tl.constexpr):
 
 
 @triton.jit
-def _gather_conv_kernel(x, w, y,
+def _bias_act(acc, bias, oc, sb, cmask, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, NT: tl.constexpr):
+    """The fused epilogue: acc + bias[oc] (HAS_BIAS), then the activation ACT
+    (0 identity, 1 relu, 2 sigmoid, 3 tanh) in the accumulator's type."""
+    if HAS_BIAS:
+        bv = tl.load(bias + oc * sb, mask=cmask, other=0.0).to(acc.dtype)
+        acc = acc + bv[None, :]
+    if ACT == 1:    # (NaN stays NaN, as torch.relu)
+        acc = tl.where(acc < 0, 0.0, acc)
+    elif ACT == 2:
+        acc = _sigmoid(acc)
+    elif ACT == 3:
+        acc = _tanh(acc, NT)
+    return acc
+
+
+@triton.jit
+def _gather_conv_kernel(x, w, y, bias, sb,
                         H, W, HO, WO, NP, RG, COG,
                         sxn, sxc, sxh, sxw,
                         GS, SWO, SWR, swi, swj,
@@ -73,12 +106,14 @@ def _gather_conv_kernel(x, w, y,
                         SH, SW, PT, PL, DH, DW,
                         KH: tl.constexpr, KW: tl.constexpr, TRANSPOSED: tl.constexpr,
                         BP: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                        DOT: tl.constexpr, INTERP: tl.constexpr):
-    """y[n, g*COG + c, p, q] = sum_{r < RG, i, j} x[n, g*RG + r, h, v] * w(g, c, r, i, j)
+                        DOT: tl.constexpr, INTERP: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, ACT: tl.constexpr, NT: tl.constexpr):
+    """y[n, g*COG + c, p, q] = act(sum_{r < RG, i, j} x[n, g*RG + r, h, v] * w(g, c, r, i, j) + bias[g*COG + c])
 
     forward:    h = p*SH - PT + i*DH                (valid when 0 <= h < H)
     TRANSPOSED: h = (p + PT - i*DH) / SH            (valid when it divides and 0 <= h < H)
     (v likewise with q, SW, PL, DW); w(g, c, r, i, j) = w + g*GS + c*SWO + r*SWR + i*swi + j*swj.
+    The bias term only with HAS_BIAS (bias[k] at bias + k*sb); act by ACT (see _bias_act).
     """
     pid_p = tl.program_id(0).to(tl.int64)
     pid_c = tl.program_id(1)
@@ -127,6 +162,7 @@ def _gather_conv_kernel(x, w, y,
                     mask=kmask[:, None] & cmask[None, :], other=0.0)
         acc = _mma(acc, a, b, DOT)
     oc = gi * COG + rc
+    acc = _bias_act(acc, bias, oc, sb, cmask, HAS_BIAS, ACT, NT)
     yp = y + n[:, None] * syn + oc[None, :] * syc + p[:, None] * syh + q[:, None] * syw
     tl.store(yp, store_value(acc, y.dtype.element_ty, INTERP), mask=pmask[:, None] & cmask[None, :])
 
@@ -181,6 +217,65 @@ def _weight_grad_kernel(x, g, dw,
     tl.store(dp, store_value(acc, dw.dtype.element_ty, INTERP), mask=omask[:, None] & qmask[None, :])
 
 
+@triton.jit
+def _act_grad_kernel(g, y, gz, part, O, NPIX, WO, NM, chunk,
+                     sgn, sgc, sgh, sgw, syn, syc, syh, syw,
+                     ACT: tl.constexpr, STORE: tl.constexpr, CT: tl.constexpr, INTERP: tl.constexpr,
+                     BO: tl.constexpr, BM: tl.constexpr):
+    """gz[n, o, p, q] = g[n, o, p, q] * act'(y[n, o, p, q]) into a dense gz (only with
+    STORE; identity leaves g as it is) and part[s, o] = sum_{pixels m = (n, p, q) of
+    split s} gz[n, o, p, q], split s covering m in [s*chunk, (s+1)*chunk) of NM = N*HO*WO.
+    act' from y: identity 1, relu [y > 0], sigmoid y (1 - y), tanh 1 - y^2."""
+    pid_o = tl.program_id(0)
+    pid_s = tl.program_id(1).to(tl.int64)
+    ro = (pid_o * BO + tl.arange(0, BO)).to(tl.int64)
+    omask = ro < O
+    m_lo = pid_s * chunk
+    m_hi = tl.minimum(m_lo + chunk, NM)
+    acc = tl.zeros((BO, BM), dtype=CT)
+    for m0 in range(m_lo, m_hi, BM):
+        rm = m0 + tl.arange(0, BM)
+        mmask = rm < m_hi
+        n = rm // NPIX
+        pix = rm % NPIX
+        p = pix // WO
+        q = pix % WO
+        mask = omask[:, None] & mmask[None, :]
+        gv = tl.load(g + n[None, :] * sgn + ro[:, None] * sgc + p[None, :] * sgh + q[None, :] * sgw,
+                     mask=mask, other=0.0).to(CT)
+        if ACT == 0:
+            d = gv
+        else:
+            yv = tl.load(y + n[None, :] * syn + ro[:, None] * syc + p[None, :] * syh + q[None, :] * syw,
+                         mask=mask, other=0.0).to(CT)
+            if ACT == 1:
+                d = tl.where(yv > 0, gv, 0.0)
+            elif ACT == 2:
+                d = gv * (yv * (1.0 - yv))
+            else:
+                d = gv * (1.0 - yv * yv)
+        if STORE:
+            tl.store(gz + (n[None, :] * O + ro[:, None]) * NPIX + pix[None, :],
+                     store_value(d, gz.dtype.element_ty, INTERP), mask=mask)
+        acc += d
+    tl.store(part + pid_s * O + ro, store_value(tl.sum(acc, axis=1), part.dtype.element_ty, INTERP),
+             mask=omask)
+
+
+@triton.jit
+def _sum_splits_kernel(part, db, S, O, CT: tl.constexpr, INTERP: tl.constexpr,
+                       BS: tl.constexpr, BO: tl.constexpr):
+    """db[o] = sum_{s < S} part[s, o] (part dense (S, O))."""
+    ro = tl.program_id(0).to(tl.int64) * BO + tl.arange(0, BO)
+    omask = ro < O
+    acc = tl.zeros((BS, BO), dtype=CT)
+    for s0 in range(0, S, BS):
+        rs = s0 + tl.arange(0, BS)
+        acc += tl.load(part + rs[:, None] * O + ro[None, :], mask=(rs < S)[:, None] & omask[None, :],
+                       other=0.0).to(CT)
+    tl.store(db + ro, store_value(tl.sum(acc, axis=0), db.dtype.element_ty, INTERP), mask=omask)
+
+
 # --- launch helpers ---------------------------------------------------------------------------
 
 def _p2(n):
@@ -202,7 +297,7 @@ def _tiles(M, N, K, dtype):
 
 
 def _gather_conv(x, w, y, ci_per_group, co_per_group, groups, w_strides, stride, padding, dilation,
-                 transposed):
+                 transposed, bias=None, act=0):
     N, _, H, W = x.shape
     _, _, HO, WO = y.shape
     kh, kw = w.shape[2], w.shape[3]
@@ -212,11 +307,15 @@ def _gather_conv(x, w, y, ci_per_group, co_per_group, groups, w_strides, stride,
     bp, bc, bk = _tiles(NP, co_per_group, ci_per_group * kh * kw, x.dtype)
     grid = (common.cdiv(NP, bp), common.cdiv(co_per_group, bc), groups)
     (sh, sw), (pt, _, pl, _), (dh, dw) = stride, padding, dilation
-    common.launch(_gather_conv_kernel, grid, x, w, y, H, W, HO, WO, NP, ci_per_group, co_per_group,
+    has_bias = bias is not None
+    common.launch(_gather_conv_kernel, grid, x, w, y, bias if has_bias else y,
+                  bias.stride(0) if has_bias else 0,
+                  H, W, HO, WO, NP, ci_per_group, co_per_group,
                   *x.stride(), *w_strides, w.stride(2), w.stride(3), *y.stride(),
                   sh, sw, pt, pl, dh, dw,
                   KH=kh, KW=kw, TRANSPOSED=transposed, BP=bp, BC=bc, BK=bk,
-                  DOT=_dot_kind(x.dtype), INTERP=common.INTERPRET)
+                  DOT=_dot_kind_of(x, w), INTERP=common.INTERPRET,
+                  HAS_BIAS=has_bias, ACT=act, NT=17 if x.dtype == torch.float64 else 9)
     return y
 
 
@@ -233,8 +332,9 @@ def _check(x, w, groups):
                          f"w {tuple(w.shape)}")
 
 
-def _conv2d(x, w, stride, padding, dilation, groups):
-    """conv2d forward into a new dense tensor (the reference's formula)."""
+def _conv2d(x, w, stride, padding, dilation, groups, bias=None, act=0):
+    """conv2d forward into a new dense tensor (the reference's formula); with
+    ``bias`` and ``act`` (an ACT code) the fused act(conv2d + bias)."""
     N, C, H, W = x.shape
     O, Cg, kh, kw = w.shape
     (sh, sw), (pt, pb, pl, pr), (dh, dw) = stride, padding, dilation
@@ -243,12 +343,12 @@ def _conv2d(x, w, stride, padding, dilation, groups):
         raise ShapeError(f"conv: the padded input {tuple(x.shape)} is smaller than the dilated kernel "
                          f"{(kh, kw)} (dilation {dilation}, padding {padding})")
     y = common.empty((N, O, Ho, Wo), x.dtype, x.device)
-    if Cg == 0:
+    if Cg == 0 and bias is None and act == 0:
         return common.full(y.shape, 0.0, x.dtype, x.device) if y.numel() else y
-    # weight entry (g, c, r) = w[g*O/G + c, r]
+    # weight entry (g, c, r) = w[g*O/G + c, r]  (Cg == 0: an empty reduction, acc stays 0)
     return _gather_conv(x, w, y, Cg, O // groups, groups,
                         ((O // groups) * w.stride(0), w.stride(0), w.stride(1)),
-                        stride, padding, dilation, transposed=False)
+                        stride, padding, dilation, transposed=False, bias=bias, act=act)
 
 
 def _conv2d_input_grad(g, w, x_shape, stride, padding, dilation, groups, dtype):
@@ -287,7 +387,7 @@ def _conv2d_weight_grad(x, g, w_shape, stride, padding, dilation, groups, dtype)
     grid = (common.cdiv(OG, bo), common.cdiv(Q, bq), groups)
     common.launch(_weight_grad_kernel, grid, x, g, dw, H, W, HO, WO, NM, Cg, OG,
                   *x.stride(), *g.stride(), *dw.stride(), sh, sw, pt, pl, dh, dwl,
-                  KH=kh, KW=kw, BO=bo, BQ=bq, BM=bm, DOT=_dot_kind(x.dtype), INTERP=common.INTERPRET)
+                  KH=kh, KW=kw, BO=bo, BQ=bq, BM=bm, DOT=_dot_kind_of(x, g), INTERP=common.INTERPRET)
     return dw
 
 
@@ -336,3 +436,88 @@ def conv_transpose2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 
         dx = _conv2d(grad, w, stride, padding, dilation, groups)
     dw = _conv2d_weight_grad(grad, x, tuple(w.shape), stride, padding, dilation, groups, w.dtype)
     return dx, dw
+
+
+# --- conv2d with bias and activation fused --------------------------------------------------
+
+#: activation name -> the ACT code of _bias_act / _act_grad_kernel
+_ACT_CODES = {name: code for code, name in enumerate(BIAS_ACTIVATIONS)}
+
+
+def _check_bias_act(x, w, b, activation):
+    if activation not in _ACT_CODES:
+        raise ValueError(f"conv2d_bias_act: activation must be one of {BIAS_ACTIVATIONS} (those whose "
+                         f"derivative follows from the output), got {activation!r}; apply other "
+                         "activations after conv2d")
+    if b.dim() != 1 or b.shape[0] != w.shape[0]:
+        raise ShapeError(f"conv2d_bias_act: the bias must have shape ({w.shape[0]},) (one entry per "
+                         f"output channel of w {tuple(w.shape)}), got {tuple(b.shape)}")
+    if b.dtype != x.dtype:
+        raise DTypeError(f"conv2d_bias_act: the bias is {b.dtype} but x is {x.dtype}; convert one of "
+                         "them first")
+    if b.device != x.device:
+        raise ValueError(f"conv2d_bias_act: the bias is on {b.device} but x on {x.device}")
+
+
+def _act_grad_and_bias_grad(grad, out, b, act):
+    """(gz, db): gz = G * act'(y) as a new dense tensor (G itself for identity;
+    relu in G's dtype, sigmoid/tanh in the compute type) and db = its per-channel sum in b's dtype, in one pass over
+    G and y (float32/float64 accumulation, no atomics: with several splits per
+    channel, partial sums and a second small launch)."""
+    N, O, HO, WO = out.shape
+    NPIX, NM = HO * WO, N * HO * WO
+    store = act != 0
+    acc_dtype = torch.float64 if out.dtype == torch.float64 else torch.float32
+    # relu's gz is exactly G or 0 in G's dtype; sigmoid's and tanh's is kept in
+    # the compute type (float32 for half precision), not rounded before the convs
+    gz_dtype = grad.dtype if act == 1 else acc_dtype
+    gz = common.empty(tuple(out.shape), gz_dtype, out.device) if store else grad
+    if O == 0:
+        return gz, common.empty((0,), b.dtype, b.device)
+    if NM == 0:
+        return gz, common.full((O,), 0.0, b.dtype, b.device)
+    ct = common.compute_type(out.dtype)
+    if common.INTERPRET:
+        bo = max(2, min(_p2(O), 64))
+        bm = max(16, min(_p2(NM), (1 << 16) // bo))
+        splits = 1
+    else:
+        bo, bm = 4, 256
+        # enough programs to fill the GPU, each with at least a few thousand pixels
+        splits = max(1, min(common.cdiv(NM, 4096), common.cdiv(1024, common.cdiv(O, bo))))
+    chunk = common.cdiv(common.cdiv(NM, splits), bm) * bm
+    splits = common.cdiv(NM, chunk)
+    db = common.empty((O,), b.dtype, b.device)
+    part = db if splits == 1 else common.empty((splits, O), acc_dtype, b.device)
+    common.launch(_act_grad_kernel, (common.cdiv(O, bo), splits), grad, out, gz, part, O, NPIX, WO, NM,
+                  chunk, *grad.stride(), *out.stride(), ACT=act, STORE=store, CT=ct,
+                  INTERP=common.INTERPRET, BO=bo, BM=bm)
+    if splits > 1:
+        bo2 = 64
+        common.launch(_sum_splits_kernel, (common.cdiv(O, bo2),), part, db, splits, O, CT=ct,
+                      INTERP=common.INTERPRET, BS=16, BO=bo2)
+    return gz, db
+
+
+def conv2d_bias_act_forward(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
+                            activation="identity"):
+    """y = act(conv2d(x, w) + b) (see the reference): the conv kernel with the
+    bias and the activation applied in its epilogue, before the one store."""
+    _check(x, w, groups)
+    if x.shape[1] // groups != w.shape[1]:
+        raise ShapeError(f"conv2d: w {tuple(w.shape)} needs C/groups = {x.shape[1] // groups} "
+                         "input channels")
+    _check_bias_act(x, w, b, activation)
+    stride, padding, dilation = _attrs(stride, padding, dilation)
+    return _conv2d(x, w, stride, padding, dilation, groups, bias=b, act=_ACT_CODES[activation])
+
+
+def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                             groups=1, activation="identity"):
+    """gz = G * act'(y) and db = sum_{n, p, q} gz in one kernel (from the output
+    y alone), then conv2d's input- and weight-gradient kernels on gz."""
+    stride, padding, dilation = _attrs(stride, padding, dilation)
+    gz, db = _act_grad_and_bias_grad(grad, out, b, _ACT_CODES[activation])
+    dx = _conv2d_input_grad(gz, w, tuple(x.shape), stride, padding, dilation, groups, x.dtype)
+    dw = _conv2d_weight_grad(x, gz, tuple(w.shape), stride, padding, dilation, groups, w.dtype)
+    return dx, dw, db

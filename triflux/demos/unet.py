@@ -5,6 +5,7 @@ rectangles and triangles of random colours on noisy gradient backgrounds,
 with a class per pixel. A triflux.models.UNet learns them with Adam on the
 default device (a functional GPU, else the CPU reference) or --device.
 
+The learning rate follows a cosine from --lr down to zero over the epochs.
 Each epoch shows a progress bar (loss, images/s, device), then the
 validation mean IoU and pixel accuracy on a held-out fifth of the data. In
 --out (default runs/<timestamp>/) it writes a checkpoint per epoch, the final
@@ -20,7 +21,7 @@ import time
 
 import numpy as np
 
-DEFAULTS = dict(epochs=8, batch_size=16, image_size=32, samples=640, seed=0, depth=3, base_channels=16, lr=3e-3)
+DEFAULTS = dict(epochs=15, batch_size=16, image_size=32, samples=1000, seed=0, depth=3, base_channels=16, lr=3e-3)
 CHECKPOINT_FORMAT = "triflux-demo-unet-checkpoint"
 
 
@@ -86,6 +87,12 @@ def _writable_folder(p, path):
     except OSError as e:
         p.error(f"--out {path}: cannot write there ({e.strerror or e})")
     return path
+
+
+def learning_rate(cfg, epoch):
+    """Cosine decay: ``lr * (1 + cos(pi * (epoch - 1) / epochs)) / 2``."""
+    import math
+    return cfg["lr"] * 0.5 * (1 + math.cos(math.pi * (epoch - 1) / cfg["epochs"]))
 
 
 def evaluate(model, device, images, labels, batch=64):
@@ -225,6 +232,7 @@ def main(argv=None):
     try:
         from tqdm import tqdm
         for epoch in range(start_epoch, cfg["epochs"] + 1):
+            optimise.adjust(opt, learning_rate(cfg, epoch))
             rng_state = loader.rng.bit_generator.state      # replays this epoch's order on resume
             total = n = 0
             t0 = time.perf_counter()

@@ -21,3 +21,13 @@ class Layer:
     def _signature(self):
         """The part inside ``Name(...)`` when printed (override per layer)."""
         return ""
+
+
+def layer_name(layer):
+    """The layer's Flux-style one-line repr (without the parameter count)."""
+    try:
+        text = repr(layer)
+    except Exception:  # printing must never hide the real error
+        return type(layer).__name__
+    first = text.splitlines()[0] if text else type(layer).__name__
+    return first.split("  #")[0].rstrip()

@@ -9,7 +9,7 @@ from .. import dtypes as _dt
 from ..activations import identity
 from ..errors import DeviceMismatchError, ShapeError
 from ..tensor import Tensor, next_seed, transfer, as_device
-from .base import Layer
+from .base import Layer, layer_name
 
 _WARNED_F64 = set()
 
@@ -21,16 +21,6 @@ def _device_expr(dev):
     return f"{type(dev).__name__}({dev.idx})" if dev.idx is not None else type(dev).__name__ + "()"
 
 
-def _layer_name(layer):
-    """The layer's Flux-style one-line repr (without the parameter count)."""
-    try:
-        text = repr(layer)
-    except Exception:  # printing must never hide the real error
-        return type(layer).__name__
-    first = text.splitlines()[0] if text else type(layer).__name__
-    return first.split("  #")[0].rstrip()
-
-
 def check_input(layer, x, like, *, axis=-1, expected=None, what="features"):
     """Make ``x`` fit ``layer``: a Tensor on the parameters' device, of their
     dtype (float64 converted with one warning per layer type, as Flux does),
@@ -40,7 +30,7 @@ def check_input(layer, x, like, *, axis=-1, expected=None, what="features"):
         x = ops.as_tensor(np.asarray(x))
     if x._device is not like._device and x._device != like._device:
         raise DeviceMismatchError(
-            f"{_layer_name(layer)}: its parameters are on {like._device!r} but the input is on {x._device!r}. "
+            f"{layer_name(layer)}: its parameters are on {like._device!r} but the input is on {x._device!r}. "
             f"Put both on one device: `x = {_device_expr(like._device)}(x)` (the input to the model's device) "
             f"or `model = {_device_expr(x._device)}(model)` (the model to the input's device).")
     if x.dtype != like.dtype:
@@ -49,13 +39,13 @@ def check_input(layer, x, like, *, axis=-1, expected=None, what="features"):
             if key not in _WARNED_F64:
                 _WARNED_F64.add(key)
                 warnings.warn(
-                    f"{layer!r} has float32 parameters but received float64 input; converting the input to "
+                    f"{layer_name(layer)} has float32 parameters but received float64 input; converting the input to "
                     "float32 (slow, and may hide a mistake). Convert data once with `f32(x)`, or the model "
                     "with `f64(model)` if you want float64.", stacklevel=3)
         x = ops.cast(x, like.dtype)
     if expected is not None:
         if x.ndim == 0 or x.shape[axis] != expected:
-            raise ShapeError(f"{layer!r} expects {expected} {what} on axis {axis % max(x.ndim, 1) if x.ndim else axis} "
+            raise ShapeError(f"{layer_name(layer)} expects {expected} {what} on axis {axis % max(x.ndim, 1) if x.ndim else axis} "
                              f"of its input, but got an input of shape {x.shape}")
     return x
 

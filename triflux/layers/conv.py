@@ -5,10 +5,10 @@ import numpy as np
 
 from .. import ops
 from .. import dtypes as _dt
-from ..activations import identity
+from ..activations import identity, relu, sigmoid, tanh
 from ..errors import ShapeError
 from ..tensor import Tensor, transfer, as_device
-from .base import Layer
+from .base import Layer, layer_name
 from .basic import check_input, glorot_uniform
 
 
@@ -38,7 +38,7 @@ def _init_parameters(layer, shape, fan_in, fan_out, out_channels, init, bias, dt
 def _four_d(layer, x):
     x = ops.as_tensor(np.asarray(x) if not isinstance(x, Tensor) else x)
     if x.ndim != 4:
-        raise ShapeError(f"{layer!r} expects a 4-d (N, C, H, W) input, got shape {x.shape}")
+        raise ShapeError(f"{layer_name(layer)} expects a 4-d (N, C, H, W) input, got shape {x.shape}")
     return x
 
 
@@ -49,6 +49,23 @@ def _pad_str(pad):
     if t == b and l == r:
         return f"({t}, {l})"
     return str(pad)
+
+
+#: the activations conv2d_bias_act applies in its epilogue (σ is sigmoid)
+_FUSABLE = {identity: "identity", relu: "relu", sigmoid: "sigmoid", tanh: "tanh"}
+
+
+def _options(layer, *options):
+    """``, name=value`` for each ``(name, value, default)`` that differs from
+    its default (pairs of equal sides print as one number), and
+    ``, bias=false`` for a layer without a bias: Flux's printing."""
+    s = ""
+    for name, v, default in options:
+        if v != default:
+            s += f", {name}={v if not isinstance(v, tuple) or v[0] != v[1] else v[0]}"
+    if layer.bias is None:
+        s += ", bias=false"
+    return s
 
 
 class Conv(Layer):
@@ -81,8 +98,15 @@ class Conv(Layer):
         for size, k, d, lo, hi, axis in ((x.shape[2], kh, self.dilation[0], t, b, "height"),
                                          (x.shape[3], kw, self.dilation[1], l, r, "width")):
             if size + lo + hi < d * (k - 1) + 1:
-                raise ShapeError(f"{self!r}: input {axis} {size} (padded {size + lo + hi}) is smaller than the "
+                raise ShapeError(f"{layer_name(self)}: input {axis} {size} (padded {size + lo + hi}) is smaller than the "
                                  f"kernel's extent {d * (k - 1) + 1}; input shape {x.shape}")
+        # activations whose derivative follows from the output are fused with the conv
+        # and the bias into one primitive; others keep conv2d, + bias, activation
+        fused = _FUSABLE.get(self.activation) if self.bias is not None else None
+        if fused is not None:
+            # one primitive: conv, bias and activation in one kernel (backward from the output)
+            return ops.conv2d_bias_act(x, self.weight, self.bias, stride=self.stride, padding=self.pad,
+                                       dilation=self.dilation, groups=self.groups, activation=fused)
         y = ops.conv2d(x, self.weight, stride=self.stride, padding=self.pad, dilation=self.dilation,
                        groups=self.groups)
         if self.bias is not None:
@@ -95,13 +119,8 @@ class Conv(Layer):
         s = f"({kh}, {kw}), {i * self.groups} => {o}"
         if self.activation is not identity:
             s += f", {fname(self.activation)}"
-        for name, v, default in (("pad", _pad_str(self.pad), "0"), ("stride", self.stride, (1, 1)),
-                                 ("dilation", self.dilation, (1, 1)), ("groups", self.groups, 1)):
-            if v != default:
-                s += f", {name}={v if not isinstance(v, tuple) or v[0] != v[1] else v[0]}"
-        if self.bias is None:
-            s += ", bias=false"
-        return s
+        return s + _options(self, ("pad", _pad_str(self.pad), "0"), ("stride", self.stride, (1, 1)),
+                            ("dilation", self.dilation, (1, 1)), ("groups", self.groups, 1))
 
 
 class ConvTranspose(Layer):
@@ -134,8 +153,6 @@ class ConvTranspose(Layer):
         s = f"({kh}, {kw}), {i} => {o * self.groups}"
         if self.activation is not identity:
             s += f", {fname(self.activation)}"
-        if self.stride != (1, 1):
-            s += f", stride={self.stride[0] if self.stride[0] == self.stride[1] else self.stride}"
-        if self.pad != (0, 0, 0, 0):
-            s += f", pad={_pad_str(self.pad)}"
-        return s
+        return s + _options(self, ("stride", self.stride, (1, 1)), ("pad", _pad_str(self.pad), "0"),
+                            ("outpad", self.outpad, (0, 0)), ("dilation", self.dilation, (1, 1)),
+                            ("groups", self.groups, 1))

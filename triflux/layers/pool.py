@@ -1,7 +1,7 @@
 """Pooling layers."""
 from .. import ops
 from ..errors import ShapeError
-from .base import Layer
+from .base import Layer, layer_name
 
 
 class GlobalMeanPool(Layer):
@@ -26,7 +26,7 @@ class MaxPool(Layer):
     def __call__(self, x):
         x = ops.as_tensor(x)
         if x.ndim != 4:
-            raise ShapeError(f"{self!r} expects a 4-d (N, C, H, W) input, got shape {x.shape}")
+            raise ShapeError(f"{layer_name(self)} expects a 4-d (N, C, H, W) input, got shape {x.shape}")
         return ops.maxpool2d(x, self.window, self.stride, self.pad)
 
     def _signature(self):
@@ -44,7 +44,7 @@ class MeanPool(MaxPool):
     def __call__(self, x):
         x = ops.as_tensor(x)
         if x.ndim != 4:
-            raise ShapeError(f"{self!r} expects a 4-d (N, C, H, W) input, got shape {x.shape}")
+            raise ShapeError(f"{layer_name(self)} expects a 4-d (N, C, H, W) input, got shape {x.shape}")
         return ops.meanpool2d(x, self.window, self.stride, self.pad)
 
 
@@ -61,7 +61,7 @@ class Upsample(Layer):
     def __call__(self, x):
         x = ops.as_tensor(x)
         if x.ndim != 4:
-            raise ShapeError(f"{self!r} expects a 4-d (N, C, H, W) input, got shape {x.shape}")
+            raise ShapeError(f"{layer_name(self)} expects a 4-d (N, C, H, W) input, got shape {x.shape}")
         return ops.upsample(x, self.scale, self.mode)
 
     def _signature(self):

@@ -12,6 +12,8 @@ bottom/right minus output_padding), which is exactly torch's own
 padding/output_padding semantics generalised to asymmetric padding; for
 symmetric padding it equals ``F.conv_transpose2d(..., padding=p,
 output_padding=op)`` (checked in tests/test_conv_family.py).
+``conv2d_bias_act`` is that conv2d oracle plus the bias and torch's
+relu/sigmoid/tanh (autograd's backward of which also reads the output).
 """
 from . import Case, floats, layouts_for
 
@@ -92,3 +94,42 @@ def conv_transpose2d_torch(x, w, stride=(1, 1), padding=(0, 0, 0, 0), output_pad
     oh, ow = output_padding
     y = F.conv_transpose2d(x, w, stride=tuple(stride), dilation=tuple(dilation), groups=groups)
     return F.pad(y, (-pl, ow - pr, -pt, oh - pb))
+
+
+_ACTIVATIONS = ("identity", "relu", "sigmoid", "tanh")
+
+
+def conv2d_bias_act_strategy(dtype):
+    """conv2d's cases, a bias of O entries and one of the four activations;
+    smaller (sides <= 7, no groups beyond 2) to keep the interpreter fast."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def case(draw):
+        groups, n, (kh, kw), stride, dilation, padding = _common(draw, st)
+        activation = draw(st.sampled_from(_ACTIVATIONS))
+        cg, og = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+        pt, pb, pl, pr = padding
+        min_h = max(1, dilation[0] * (kh - 1) + 1 - pt - pb)
+        min_w = max(1, dilation[1] * (kw - 1) + 1 - pl - pr)
+        h = draw(st.integers(min_h, max(min_h, 7)))
+        w_ = draw(st.integers(min_w, max(min_w, 7)))
+        x = draw(floats((n, cg * groups, h, w_), -2.0, 2.0))
+        w = draw(floats((og * groups, cg, kh, kw), -1.0, 1.0))
+        b = draw(floats((og * groups,), -1.0, 1.0))
+        attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, activation=activation)
+        return Case(inputs=(x, w, b), attrs=attrs, layouts=draw(layouts_for(3)),
+                    note=f"x {x.shape} w {w.shape} b {b.shape} {attrs}")
+
+    return case()
+
+
+def conv2d_bias_act_torch(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
+                          activation="identity"):
+    """The oracle: torch's conv2d (as ``conv2d_torch``), ``+ b`` per channel,
+    then ``torch.relu`` / ``torch.sigmoid`` / ``torch.tanh``."""
+    import torch
+    z = conv2d_torch(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    z = z + b.reshape(1, -1, 1, 1)
+    return {"identity": lambda t: t, "relu": torch.relu, "sigmoid": torch.sigmoid,
+            "tanh": torch.tanh}[activation](z)
