@@ -76,13 +76,21 @@ def _windows(x, w_shape, stride, padding, dilation):
     return win.transpose(0, 1, 4, 5, 2, 3)
 
 
-def _as_matrix(cols, G):
-    """The (N, C, kh, kw, Ho, Wo) window view as im2col matrices
-    (N, G, Cg*kh*kw, Ho*Wo): rows (c, i, j), columns the output pixels (p, q).
-    This reshape is the one copy im2col makes; its inner axis runs along
-    an image row, so it copies at memory speed."""
+def _im2col(x, w_shape, stride, padding, dilation, groups):
+    """The im2col matrices (G, Cg*kh*kw, N*Ho*Wo): rows (c, i, j) of group g,
+    columns the output pixels (n, p, q) of the whole batch, so one matrix
+    product per group serves every sample (a deep layer with few pixels
+    then reads its weights once, not once per sample). This reshape is the
+    one copy im2col makes; its inner axis runs along an image row."""
+    cols = _windows(x, w_shape, stride, padding, dilation)        # (N, C, kh, kw, Ho, Wo)
     N, C, kh, kw, Ho, Wo = cols.shape
-    return cols.reshape(N, G, C // G * kh * kw, Ho * Wo)
+    return cols.transpose(1, 2, 3, 0, 4, 5).reshape(groups, C // groups * kh * kw, N * Ho * Wo), (Ho, Wo)
+
+
+def _batch_inside(g, groups):
+    """g (N, O, Ho, Wo) as (G, O/G, N*Ho*Wo), the layout of _im2col's columns."""
+    N, O, Ho, Wo = g.shape
+    return g.reshape(N, groups, O // groups, Ho * Wo).transpose(1, 2, 0, 3).reshape(groups, O // groups, N * Ho * Wo)
 
 
 def _conv2d(x, w, stride, padding, dilation, groups):
@@ -90,20 +98,18 @@ def _conv2d(x, w, stride, padding, dilation, groups):
     N = x.shape[0]
     O, Cg, kh, kw = w.shape
     G = groups
-    cols = _windows(x, w.shape, stride, padding, dilation)
-    Ho, Wo = cols.shape[4], cols.shape[5]
-    # the weights (G, O/G, Cg*kh*kw) times the im2col matrix (N, G, Cg*kh*kw, Ho*Wo):
-    # y[n, g, o, (p, q)] = sum_{(c, i, j)} w[g, o, (c, i, j)] * cols[n, g, (c, i, j), (p, q)]
-    wm = w.reshape(G, O // G, Cg * kh * kw)
-    y = np.matmul(wm[None], _as_matrix(cols, G))                 # (N, G, O/G, Ho*Wo)
-    return y.reshape(N, O, Ho, Wo)
+    cols, (Ho, Wo) = _im2col(x, w.shape, stride, padding, dilation, G)
+    # the weights (G, O/G, Cg*kh*kw) times the im2col matrix (G, Cg*kh*kw, N*Ho*Wo):
+    # y[g, o, (n, p, q)] = sum_{(c, i, j)} w[g, o, (c, i, j)] * cols[g, (c, i, j), (n, p, q)]
+    y = np.matmul(w.reshape(G, O // G, Cg * kh * kw), cols)       # (G, O/G, N*Ho*Wo)
+    return np.ascontiguousarray(y.reshape(O, N, Ho, Wo).transpose(1, 0, 2, 3))
 
 
 def _conv2d_input_grad(g, w, x_shape, stride, padding, dilation, groups):
     """dL/dx of conv2d for dL/dy = g (N, O, Ho, Wo):
 
-        dcols[n, c, i, j, p, q] = sum_{o in group(c)} w[o, c', i, j] * g[n, o, p, q]
-        dxp[n, c, p*sh + i*dh, q*sw + j*dw] += dcols[n, c, i, j, p, q]     (col2im)
+        dcols[c, i, j, n, p, q] = sum_{o in group(c)} w[o, c', i, j] * g[n, o, p, q]
+        dxp[n, c, p*sh + i*dh, q*sw + j*dw] += dcols[c, i, j, n, p, q]     (col2im)
         dx = dxp with the padding cropped off
 
     (one matmul, then one slice-add per kernel tap (i, j)). This is also
@@ -114,13 +120,13 @@ def _conv2d_input_grad(g, w, x_shape, stride, padding, dilation, groups):
     (sh, sw), (pt, pb, pl, pr), (dh, dw) = stride, padding, dilation
     Ho, Wo = g.shape[2], g.shape[3]
     wt = w.reshape(G, O // G, Cg * kh * kw).transpose(0, 2, 1)   # (G, Cg*kh*kw, O/G)
-    dcols = np.matmul(wt[None], g.reshape(N, G, O // G, Ho * Wo)).reshape(N, C, kh, kw, Ho, Wo)
-    dxp = np.zeros((N, C, H + pt + pb, W + pl + pr), dtype=g.dtype)
+    dcols = np.matmul(wt, _batch_inside(g, G)).reshape(C, kh, kw, N, Ho, Wo)
+    dxp = np.zeros((C, N, H + pt + pb, W + pl + pr), dtype=g.dtype)
     for i in range(kh):
         for j in range(kw):
             dxp[:, :, i * dh: i * dh + sh * (Ho - 1) + 1: sh,
-                j * dw: j * dw + sw * (Wo - 1) + 1: sw] += dcols[:, :, i, j]
-    return dxp[:, :, pt: pt + H, pl: pl + W]
+                j * dw: j * dw + sw * (Wo - 1) + 1: sw] += dcols[:, i, j]
+    return dxp[:, :, pt: pt + H, pl: pl + W].transpose(1, 0, 2, 3)
 
 
 def _conv2d_weight_grad(x, g, w_shape, stride, padding, dilation, groups):
@@ -128,16 +134,11 @@ def _conv2d_weight_grad(x, g, w_shape, stride, padding, dilation, groups):
 
         dw[o, c', i, j] = sum_{n, p, q} g[n, o, p, q] * xp[n, g(o)*C/G + c', p*sh + i*dh, q*sw + j*dw]
     """
-    N = x.shape[0]
     O, Cg, kh, kw = w_shape
-    G = groups
-    cols = _windows(x, w_shape, stride, padding, dilation)       # (N, C, kh, kw, Ho, Wo)
-    Ho, Wo = cols.shape[4], cols.shape[5]
-    # one product over (n, p, q) together: both factors laid out with the batch inside
+    cols, _ = _im2col(x, w_shape, stride, padding, dilation, groups)
+    # one product over (n, p, q) together:
     # dw[g, o, (c, i, j)] = sum_{(n, p, q)} g[g, o, (n, p, q)] * cols[g, (c, i, j), (n, p, q)]
-    cols = cols.transpose(1, 2, 3, 0, 4, 5).reshape(G, Cg * kh * kw, N * Ho * Wo)
-    gg = g.reshape(N, G, O // G, Ho * Wo).transpose(1, 2, 0, 3).reshape(G, O // G, N * Ho * Wo)
-    dw = np.matmul(gg, cols.transpose(0, 2, 1))                  # (G, O/G, Cg*kh*kw)
+    dw = np.matmul(_batch_inside(g, groups), cols.transpose(0, 2, 1))   # (G, O/G, Cg*kh*kw)
     return dw.reshape(O, Cg, kh, kw)
 
 
