@@ -19,15 +19,23 @@ endif
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: demo test test-gpu test-fast bench setup clean
+.PHONY: demo test test-gpu test-fast bench setup clean mpi-runtime
 
 setup: $(STAMP)
 
 $(STAMP): setup.cfg setup.py requirements/test.txt requirements/cpu-machine.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(MAKE) --no-print-directory mpi-runtime
 	$(BIN)/python -m pip install -q --disable-pip-version-check $(MACHINE_REQS) -r requirements/test.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . --config-settings editable_mode=compat
 	touch $(STAMP)
+
+# Open MPI from the distribution's packages, for triflux.distributed's MPIBackend and
+# its tests (needs root and apt; elsewhere the MPI tests skip and say why)
+mpi-runtime:
+	@command -v mpiexec >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null; } || \
+	  echo "note: Open MPI is not installed here; the MPI tests will skip"
 
 demo: $(STAMP)
 	$(BIN)/python -m triflux demo unet

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 from . import dtypes  # noqa: E402
 from .errors import (TrifluxError, DeviceMismatchError, NoGPUError, BackendNotSupportedError,  # noqa: E402
                      DTypeError, ShapeError, OutOfMemoryError, NonFiniteError, StructureError,
-                     GradientError, CheckpointError, InteropError)
+                     GradientError, CheckpointError, InteropError, DistributedError)
 from .dtypes import float16, float32, float64, int32, int64, bool_  # noqa: E402
 from .devices import (CPUDevice, CUDADevice, AMDGPUDevice, MetalDevice, Device,  # noqa: E402
                       gpu, cpu, get_device, gpu_device, cpu_device, supported_devices, functional, reclaim)
@@ -47,7 +47,7 @@ from .interop import from_torch, to_torch, from_dlpack, to_dlpack  # noqa: E402
 GPU_BACKEND = _pref()
 
 _LAZY_SUBMODULES = ("models", "registry", "primitives", "testing", "show", "functor", "reference", "triton_kernels",
-                    "benchmarks", "doctor", "interop", "serialization", "demos")
+                    "benchmarks", "doctor", "interop", "serialization", "demos", "distributed")
 
 
 def __getattr__(name):

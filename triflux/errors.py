@@ -54,3 +54,9 @@ class CheckpointError(TrifluxError, ValueError):
 class InteropError(TrifluxError, ValueError):
     """A module, layer or array that ``from_torch``/``to_torch``/DLPack cannot
     translate (the message names where it is and what is supported)."""
+
+
+class DistributedError(TrifluxError, RuntimeError):
+    """A distributed collective or rendezvous failed (a dead or stuck
+    worker, a timeout, workers that disagree on the model): the message
+    names the rank, the collective and what to check."""
