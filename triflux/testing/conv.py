@@ -28,22 +28,27 @@ def _common(draw, st):
     return groups, n, (kh, kw), stride, dilation, padding
 
 
+def _conv2d_problem(draw, st, max_side, w_range):
+    """x, w and conv2d's attrs, with sides up to ``max_side`` and weights in
+    [-w_range, w_range]; the padded input holds at least one dilated kernel."""
+    groups, n, (kh, kw), stride, dilation, padding = _common(draw, st)
+    cg, og = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    pt, pb, pl, pr = padding
+    min_h = max(1, dilation[0] * (kh - 1) + 1 - pt - pb)
+    min_w = max(1, dilation[1] * (kw - 1) + 1 - pl - pr)
+    h = draw(st.integers(min_h, max(min_h, max_side)))
+    w_ = draw(st.integers(min_w, max(min_w, max_side)))
+    x = draw(floats((n, cg * groups, h, w_), -2.0, 2.0))
+    w = draw(floats((og * groups, cg, kh, kw), -w_range, w_range))
+    return x, w, dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
 def conv2d_strategy(dtype):
     from hypothesis import strategies as st
 
     @st.composite
     def case(draw):
-        groups, n, (kh, kw), stride, dilation, padding = _common(draw, st)
-        cg, og = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-        pt, pb, pl, pr = padding
-        # the padded input must hold one dilated kernel
-        min_h = max(1, dilation[0] * (kh - 1) + 1 - pt - pb)
-        min_w = max(1, dilation[1] * (kw - 1) + 1 - pl - pr)
-        h = draw(st.integers(min_h, max(min_h, 9)))
-        w_ = draw(st.integers(min_w, max(min_w, 9)))
-        x = draw(floats((n, cg * groups, h, w_), -2.0, 2.0))
-        w = draw(floats((og * groups, cg, kh, kw), -2.0, 2.0))
-        attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+        x, w, attrs = _conv2d_problem(draw, st, max_side=9, w_range=2.0)
         return Case(inputs=(x, w), attrs=attrs, layouts=draw(layouts_for(2)),
                     note=f"x {x.shape} w {w.shape} {attrs}")
 
@@ -106,18 +111,9 @@ def conv2d_bias_act_strategy(dtype):
 
     @st.composite
     def case(draw):
-        groups, n, (kh, kw), stride, dilation, padding = _common(draw, st)
-        activation = draw(st.sampled_from(_ACTIVATIONS))
-        cg, og = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-        pt, pb, pl, pr = padding
-        min_h = max(1, dilation[0] * (kh - 1) + 1 - pt - pb)
-        min_w = max(1, dilation[1] * (kw - 1) + 1 - pl - pr)
-        h = draw(st.integers(min_h, max(min_h, 7)))
-        w_ = draw(st.integers(min_w, max(min_w, 7)))
-        x = draw(floats((n, cg * groups, h, w_), -2.0, 2.0))
-        w = draw(floats((og * groups, cg, kh, kw), -1.0, 1.0))
-        b = draw(floats((og * groups,), -1.0, 1.0))
-        attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, activation=activation)
+        x, w, attrs = _conv2d_problem(draw, st, max_side=7, w_range=1.0)
+        attrs["activation"] = draw(st.sampled_from(_ACTIVATIONS))
+        b = draw(floats((w.shape[0],), -1.0, 1.0))
         return Case(inputs=(x, w, b), attrs=attrs, layouts=draw(layouts_for(3)),
                     note=f"x {x.shape} w {w.shape} b {b.shape} {attrs}")
 
