@@ -122,10 +122,10 @@ def main(argv=None):
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.benchmark = True
     cfg = dict(UNET, batch=args.batch, size=args.size)
-    reps = args.reps
+    reps, warmup = args.reps, 2
     if args.smoke or not real_gpu:
         cfg = dict(UNET, batch=1, size=8, depth=1, base=4)
-        reps = 1
+        reps, warmup = 1, 0
     dtypes = args.dtypes.split(",")
     name = torch.cuda.get_device_name(0) if real_gpu else "Triton interpreter (CPU), torch on the CPU"
     print(f"device: {name}; torch {torch.__version__}; triton {backend.triton().__version__}; "
@@ -136,7 +136,7 @@ def main(argv=None):
         for shape in unet_levels(cfg):
             tf_fwd, tf_step, th_fwd, th_step = conv_pair(shape, dtype, torch, device)
             for kind, a, b in (("forward", tf_fwd, th_fwd), ("forward+backward", tf_step, th_step)):
-                ta, tb = timed(a, torch, reps), timed(b, torch, reps)
+                ta, tb = timed(a, torch, reps, warmup), timed(b, torch, reps, warmup)
                 what = f"conv3x3 {kind} N{shape[0]} {shape[1]}->{shape[2]} {shape[3]}x{shape[3]}"
                 rows.append(dict(what=what, dtype=dtype, triflux_s=ta, torch_s=tb))
                 print(f"| {what} | {dtype} | {ta * 1e3:.3f} ms | {tb * 1e3:.3f} ms | {ta / tb:.2f}x |")
@@ -145,7 +145,7 @@ def main(argv=None):
     for dtype in dtypes:
         a = triflux_unet_step(cfg, device="cuda", dtype=dtype)
         b = torch_unet_step(cfg, device=device, dtype=dtype)
-        ta, tb = timed(a, torch, reps), timed(b, torch, reps)
+        ta, tb = timed(a, torch, reps, warmup), timed(b, torch, reps, warmup)
         ma, mb = peak_memory(a, torch), peak_memory(b, torch)
         mib = lambda m: "-" if m is None else f"{m / 2 ** 20:.0f} MiB"
         rows.append(dict(what="unet-step", dtype=dtype, triflux_s=ta, torch_s=tb, triflux_peak=ma, torch_peak=mb,

@@ -4,7 +4,7 @@ same machine state (on a shared VM, runs minutes apart can differ by 1.5x),
 and neither side's thread pool (NumPy's OpenBLAS, torch's OpenMP) competes
 with the other's in one process. Prints the medians and the ratio.
 
-    .venv/bin/python perf/interleaved.py [rounds] [mlp|unet]
+    .venv/bin/python perf/interleaved.py [rounds] [mlp|unet|rnn_seed|lstm_large]
 """
 import os
 import statistics
@@ -24,7 +24,7 @@ def per_step(fn, n=10):
 
 
 #: (warm-up steps, timed groups, steps per group) per workload
-SCHEDULE = {"mlp": (5, 12, 5), "unet": (1, 5, 1)}
+SCHEDULE = {"mlp": (5, 12, 5), "unet": (1, 5, 1), "rnn_seed": (20, 12, 20), "lstm_large": (1, 3, 1)}
 
 
 def time_side(side, workload="mlp"):

@@ -160,15 +160,71 @@ def torch_unet_step(cfg=UNET, device="cpu", dtype="float32"):
     return step
 
 
+# --- recurrent models: the seed's small RNN and a large LSTM ------------------------------
+
+#: the seed (shared/seeds/003): RNN(1 => 6, tanh) and Dense(6 => 1) over one sequence of 20
+RNN_SEED = dict(kind="rnn", batch=1, length=20, inputs=1, hidden=6)
+#: the issue's large case: LSTM(64 => 512) over 128 steps, batch 64
+LSTM_LARGE = dict(kind="lstm", batch=64, length=128, inputs=64, hidden=512)
+
+
+def sequence_data(cfg):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((cfg["batch"], cfg["length"], cfg["inputs"])).astype(np.float32)
+    y = rng.standard_normal((cfg["batch"], cfg["length"], 1)).astype(np.float32)
+    return x, y
+
+
+def triflux_recurrent_step(cfg=RNN_SEED, device="cpu"):
+    """A closure running one triflux training step (BPTT over the sequence,
+    mse, Adam) of ``cfg``'s recurrent layer followed by Dense(hidden => 1)."""
+    import triflux as tf
+    from triflux import losses, optimise
+    dev = _tf_device(device)
+    layer = {"rnn": tf.RNN, "lstm": tf.LSTM, "gru": tf.GRU}[cfg["kind"]](cfg["inputs"], cfg["hidden"])
+    model = dev(tf.Chain(layer, tf.Dense(cfg["hidden"], 1)))
+    opt = optimise.setup(optimise.Adam(1e-3), model)
+    x, y = (dev(a) for a in sequence_data(cfg))
+
+    def step():
+        _, (g,) = tf.withgradient(lambda m: losses.mse(m(x), y), model)
+        optimise.update(opt, model, g)
+    return step
+
+
+def torch_recurrent_step(cfg=RNN_SEED, device="cpu"):
+    """The same step in torch (nn.RNN/LSTM/GRU with batch_first, nn.Linear)."""
+    import torch
+    from torch import nn
+    cls = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}[cfg["kind"]]
+    rnn = cls(cfg["inputs"], cfg["hidden"], batch_first=True).to(device)
+    head = nn.Linear(cfg["hidden"], 1).to(device)
+    opt = torch.optim.Adam([*rnn.parameters(), *head.parameters()], 1e-3)
+    x, y = (torch.from_numpy(a).to(device) for a in sequence_data(cfg))
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(head(rnn(x)[0]), y).backward()
+        opt.step()
+    return step
+
+
 BUILDERS = {("mlp", "triflux"): triflux_mlp_step, ("mlp", "torch"): torch_mlp_step,
-            ("unet", "triflux"): triflux_unet_step, ("unet", "torch"): torch_unet_step}
+            ("unet", "triflux"): triflux_unet_step, ("unet", "torch"): torch_unet_step,
+            ("rnn_seed", "triflux"): lambda cfg=RNN_SEED, **kw: triflux_recurrent_step(cfg, **kw),
+            ("rnn_seed", "torch"): lambda cfg=RNN_SEED, **kw: torch_recurrent_step(cfg, **kw),
+            ("lstm_large", "triflux"): lambda cfg=LSTM_LARGE, **kw: triflux_recurrent_step(cfg, **kw),
+            ("lstm_large", "torch"): lambda cfg=LSTM_LARGE, **kw: torch_recurrent_step(cfg, **kw)}
 
 
 # --- python -m triflux bench ----------------------------------------------------------------
 
 #: the quick run's workloads: (label, workload, config)
 QUICK = (("MLP step 784-256-256-10, batch 128", "mlp", MLP),
-         ("UNet step depth 2, base 16, batch 4, 32x32", "unet", dict(UNET, depth=2, base=16, size=32)))
+         ("UNet step depth 2, base 16, batch 4, 32x32", "unet", dict(UNET, depth=2, base=16, size=32)),
+         ("the seed's RNN step (1 => 6, 20 steps)", "rnn_seed", RNN_SEED),
+         ("LSTM step 64 => 128, 32 steps, batch 16", "lstm_large", dict(LSTM_LARGE, hidden=128, length=32,
+                                                                         batch=16)))
 
 
 def _median_time(step, reps, warmup=1, sync=lambda: None):
@@ -193,7 +249,8 @@ def main(argv=None):
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu: the NumPy reference vs torch's CPU kernels; cuda: Triton kernels vs torch on the GPU")
     p.add_argument("--reps", type=int, default=5, help="timed steps per workload and side (default 5)")
-    p.add_argument("--full", action="store_true", help="also the issue's UNet: depth 4, base 64, batch 4, 64x64")
+    p.add_argument("--full", action="store_true", help="also the issues' sizes: UNet depth 4, base 64, batch 4, "
+                   "64x64; LSTM 64 => 512 over 128 steps, batch 64")
     args = p.parse_args(argv)
     if args.reps < 1:
         p.error("--reps must be positive")
@@ -210,7 +267,9 @@ def main(argv=None):
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
             sync, torch_device = torch.cuda.synchronize, "cuda"
-    work = list(QUICK) + ([("UNet step depth 4, base 64, batch 4, 64x64", "unet", UNET)] if args.full else [])
+    work = list(QUICK) + ([("UNet step depth 4, base 64, batch 4, 64x64", "unet", UNET),
+                           ("LSTM step 64 => 512, 128 steps, batch 64", "lstm_large", LSTM_LARGE)]
+                          if args.full else [])
     print(f"device: {args.device}; torch {torch.__version__}; {args.reps} timed steps each (medians)")
     print("| workload | triflux | torch | ratio triflux/torch |\n| --- | --- | --- | --- |")
     for label, name, cfg in work:
