@@ -51,3 +51,22 @@ def test_unet_chain_script_runs():
     bad = run_python("import runpy, sys; sys.argv = ['unet_chain.py', '--image-size', '10']; "
                      "runpy.run_path('examples/unet_chain.py', run_name='__main__')")
     assert bad.returncode == 2 and "multiple of 4" in bad.stderr
+
+
+def test_rnn_sine_learns_the_wave_on_the_cpu(tmp_path):
+    ex = _load("rnn_sine")
+    model, history, _ = ex.train(device("cpu"), epochs=150, say=lambda *a: None)
+    assert history[-1] < 0.02 * history[0], (history[0], history[-1])
+    _, _, y = ex.sine_data()
+    assert np.max(np.abs(ex.predict(model, device("cpu")) - y.reshape(-1))) < 0.15
+    path = ex.plot(str(tmp_path / "sine.png"), ex.predict(model, device("cpu")))
+    with open(path, "rb") as f:
+        assert f.read(4) == b"\x89PNG"
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_rnn_sine_same_code_same_losses_on_every_device(dev):
+    ex = _load("rnn_sine")
+    _, ref, _ = ex.train(device("cpu"), epochs=3, say=lambda *a: None)
+    _, got, _ = ex.train(device(dev), epochs=3, say=lambda *a: None)
+    np.testing.assert_allclose(got, ref, rtol=1e-4)

@@ -15,6 +15,8 @@ def test_workloads_step(side):
     from triflux import benchmarks as workloads
     workloads.BUILDERS["mlp", side](dict(batch=4, sizes=(6, 5, 5, 3)))()
     workloads.BUILDERS["unet", side](TINY_UNET)()
+    workloads.BUILDERS["rnn_seed", side]()()
+    workloads.BUILDERS["lstm_large", side](dict(workloads.LSTM_LARGE, batch=2, length=3, inputs=2, hidden=3))()
 
 
 def test_torch_unet_is_triflux_unet():

@@ -148,7 +148,7 @@ def interpreter_gap(name, dtype, direction):
 #: broadcast input is a sum over the broadcast axes); the harness adds that
 #: loosener whenever a gradient has fewer elements than the output gradient.
 ACCUMULATING = {"sum", "mean", "matmul", "softmax", "logsoftmax", "logsumexp", "conv2d", "conv_transpose2d",
-                "conv2d_bias_act"}
+                "conv2d_bias_act", "rnn_sequence", "lstm_sequence", "gru_sequence"}
 ACCUMULATION_C = 4.0
 
 #: Multilinear primitives (their forward, and their backward in every argument

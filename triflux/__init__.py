@@ -33,6 +33,7 @@ from .activations import (identity, relu, sigmoid, σ, tanh, softmax, logsoftmax
 from .autodiff import gradient, withgradient  # noqa: E402
 from .layers import (Layer, Dense, Chain, flatten, SkipConnection, Parallel, GlobalMeanPool,  # noqa: E402
                      MaxPool, MeanPool, Upsample, Conv, ConvTranspose, BatchNorm, Dropout)
+from .layers import RNN, LSTM, GRU, RNNCell, LSTMCell, GRUCell  # noqa: E402
 from .data import DataLoader  # noqa: E402
 from .memory import memory_status, MemoryStatus  # noqa: E402
 from .precision import f32, f64, f16, bf16  # noqa: E402

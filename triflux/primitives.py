@@ -90,3 +90,14 @@ register("batchnorm_test", "norm", doc="inputs: x, gamma, beta, mean (C,), var (
 # --- dropout (issue 3) -------------------------------------------------------------------------
 register("dropout", "dropout", random=True, doc="attrs: p, seed. y = x * mask / (1 - p), the mask drawn on the device "
                                    "from the seed (the backward redraws it)")
+
+# --- recurrent sequences (issue 7): batch-first x (N, L, in), PyTorch weight layouts and gate order ------
+register("rnn_sequence", "rnn",
+         doc="inputs: x (N, L, in), h0 (N, H), w_ih (H, in), w_hh (H, H), b_ih (H,), b_hh (H,); attrs: "
+             "activation ('tanh' | 'relu'). y (N, L, H) = every hidden state h_t; BPTT backward.")
+register("lstm_sequence", "rnn",
+         doc="inputs: x (N, L, in), h0 (N, H), c0 (N, H), w_ih (4H, in), w_hh (4H, H), b_ih (4H,), b_hh (4H,); "
+             "gates i, f, g, o. y (N, L, 2H) = [h_t, c_t] on the last axis; the backward recomputes the gates.")
+register("gru_sequence", "rnn",
+         doc="inputs: x (N, L, in), h0 (N, H), w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,); gates r, z, n "
+             "(b_hn inside the reset gate's product, as torch). y (N, L, H) = every hidden state h_t.")

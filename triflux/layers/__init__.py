@@ -5,3 +5,4 @@ from .containers import SkipConnection, Parallel
 from .pool import GlobalMeanPool, MaxPool, MeanPool, Upsample
 from .conv import Conv, ConvTranspose
 from .norm import BatchNorm, Dropout
+from .recurrent import RNN, LSTM, GRU, RNNCell, LSTMCell, GRUCell

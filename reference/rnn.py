@@ -1,0 +1,262 @@
+"""Recurrent family, NumPy reference: whole sequences through an RNN, LSTM or
+GRU cell, with full backpropagation through time (BPTT).
+
+Shapes (batch first): ``x`` (N, L, I), initial state ``h0`` (and ``c0``)
+(N, H); weights in PyTorch's layout and gate order: ``w_ih`` (G*H, I),
+``w_hh`` (G*H, H), ``b_ih``, ``b_hh`` (G*H,), with G = 1 (RNN), 4 (LSTM:
+gates i, f, g, o) or 3 (GRU: gates r, z, n). For a gate ``k`` the rows
+``k*H:(k+1)*H`` of the weights and biases belong to it.
+
+Outputs (one per primitive): RNN and GRU return every hidden state,
+``y[:, t] = h_t`` of shape (N, L, H); the LSTM returns ``[h_t, c_t]``
+concatenated on the last axis, (N, L, 2H), so its backward finds every cell
+state in ``out`` and recomputes the gates from it (nothing else is saved).
+
+The backward is BPTT: walking t = L-1 ... 0 with the gradient ``dh`` that
+reaches h_t (the output gradient at t plus what flows back from step t+1),
+it forms the gradients of the gate pre-activations ``dA_t`` (N, G*H) and
+
+    dx_t      = dA_t @ w_ih           dW_ih = sum_t dA_t^T x_t
+    dh_{t-1} += dA_t @ w_hh           dW_hh = sum_t dA_t^T h_{t-1}
+    db_ih     = sum_{n,t} dA_t        db_hh = sum_{n,t} dA_t
+
+(GRU: the hidden-side gate gradients differ in the n gate, see
+``gru_sequence_backward``). float16/bfloat16 compute in float32 and round
+once at the end; float32 and float64 stay as they are.
+"""
+import numpy as np
+
+from ..dtypes import is_floating
+from ..errors import DTypeError, ShapeError
+
+
+def _ct(dtype):
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype.itemsize == 2 else dtype
+
+
+def _up(*arrays):
+    ct = _ct(np.asarray(arrays[0]).dtype)
+    return [np.asarray(a).astype(ct) for a in arrays]
+
+
+def _sigmoid(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def _check(name, gates, x, h0, w_ih, w_hh, b_ih, b_hh, c0=None):
+    arrays = (x, h0, w_ih, w_hh, b_ih, b_hh) + (() if c0 is None else (c0,))
+    dts = {np.asarray(a).dtype for a in arrays}
+    if len(dts) != 1 or not is_floating(next(iter(dts))):
+        raise DTypeError(f"{name}: every input must have one floating dtype, got "
+                         f"{', '.join(sorted(str(d) for d in dts))}; convert with `f32(...)` first")
+    if np.ndim(x) != 3:
+        raise ShapeError(f"{name}: x must have shape (N, L, in), got {np.shape(x)}")
+    n, _, i = np.shape(x)
+    if np.ndim(w_hh) != 2 or np.shape(w_hh)[0] % gates or np.shape(w_hh)[0] // gates != np.shape(w_hh)[1]:
+        raise ShapeError(f"{name}: w_hh must have shape ({gates}*H, H), got {np.shape(w_hh)}")
+    h = np.shape(w_hh)[1]
+    want = {"h0": (h0, (n, h)), "w_ih": (w_ih, (gates * h, i)), "b_ih": (b_ih, (gates * h,)),
+            "b_hh": (b_hh, (gates * h,))}
+    if c0 is not None:
+        want["c0"] = (c0, (n, h))
+    for k, (v, shape) in want.items():
+        if np.shape(v) != shape:
+            raise ShapeError(f"{name}: {k} must have shape {shape} for x of shape {np.shape(x)} "
+                             f"and hidden size {h}, got {np.shape(v)}")
+    return h
+
+
+def _activation(activation):
+    if activation not in ("tanh", "relu"):
+        raise ValueError(f"rnn_sequence: activation must be 'tanh' or 'relu', got {activation!r}")
+
+
+# --- RNN --------------------------------------------------------------------------------
+
+def rnn_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
+    """Elman RNN over the sequence, as ``torch.nn.RNN``:
+
+        h_t = act(x_t @ w_ih^T + b_ih + h_{t-1} @ w_hh^T + b_hh),   h_{-1} = h0,
+
+    act = tanh or relu. Returns y (N, L, H) with y[:, t] = h_t.
+    """
+    _activation(activation)
+    _check("rnn_sequence", 1, x, h0, w_ih, w_hh, b_ih, b_hh)
+    dtype = np.asarray(x).dtype
+    x, h, w_ih, w_hh, b_ih, b_hh = _up(x, h0, w_ih, w_hh, b_ih, b_hh)
+    n, length, _ = x.shape
+    y = np.zeros((n, length, h.shape[1]), dtype=x.dtype)
+    for t in range(length):
+        a = x[:, t] @ w_ih.T + b_ih + h @ w_hh.T + b_hh
+        h = np.tanh(a) if activation == "tanh" else np.maximum(a, 0)
+        y[:, t] = h
+    return y.astype(dtype)
+
+
+def rnn_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
+    """BPTT with G = dL/dy. For t = L-1 ... 0, with dh = G_t + (carry from t+1):
+
+        dA_t = dh * act'(A_t)     (tanh: 1 - h_t^2, read from ``out``; relu: [h_t > 0])
+        dh_{t-1} = dA_t @ w_hh    (the carry; dh0 = dA_0 @ w_hh)
+
+    and the sums over t in the module docstring for dx, dW_ih, dW_hh, db_ih, db_hh.
+    """
+    _check("rnn_sequence", 1, x, h0, w_ih, w_hh, b_ih, b_hh)
+    dtype = np.asarray(x).dtype
+    grad, out, x, h0, w_ih, w_hh, b_ih, b_hh = _up(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh)
+    n, length, _ = x.shape
+    hprev = np.concatenate([h0[:, None], out[:, :-1]], axis=1) if length else out
+    da = np.zeros_like(out)
+    dh = np.zeros_like(h0)
+    for t in reversed(range(length)):
+        dh = dh + grad[:, t]
+        d_act = 1 - out[:, t] ** 2 if activation == "tanh" else (out[:, t] > 0).astype(out.dtype)
+        da[:, t] = dh * d_act
+        dh = da[:, t] @ w_hh
+    return _sums(dtype, da, da, x, hprev, w_ih, dh)
+
+
+def _sums(dtype, da_i, da_h, x, hprev, w_ih, dh0, dc0=None):
+    """dx, dh0, (dc0), dW_ih, dW_hh, db_ih, db_hh from the gate gradients."""
+    dx = da_i @ w_ih
+    dw_ih = np.einsum("ntg,nti->gi", da_i, x)
+    dw_hh = np.einsum("ntg,ntk->gk", da_h, hprev)
+    db_ih = da_i.sum(axis=(0, 1))
+    db_hh = da_h.sum(axis=(0, 1))
+    grads = (dx, dh0) + (() if dc0 is None else (dc0,)) + (dw_ih, dw_hh, db_ih, db_hh)
+    return tuple(g.astype(dtype) for g in grads)
+
+
+# --- LSTM -------------------------------------------------------------------------------
+
+def lstm_sequence_forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    """LSTM over the sequence, as ``torch.nn.LSTM`` (gate order i, f, g, o):
+
+        [a_i, a_f, a_g, a_o] = x_t @ w_ih^T + b_ih + h_{t-1} @ w_hh^T + b_hh
+        i = sigmoid(a_i), f = sigmoid(a_f), g = tanh(a_g), o = sigmoid(a_o)
+        c_t = f * c_{t-1} + i * g,   h_t = o * tanh(c_t),   (h_{-1}, c_{-1}) = (h0, c0)
+
+    Returns (N, L, 2H): y[:, t] = [h_t, c_t].
+    """
+    hs = _check("lstm_sequence", 4, x, h0, w_ih, w_hh, b_ih, b_hh, c0=c0)
+    dtype = np.asarray(x).dtype
+    x, h, c, w_ih, w_hh, b_ih, b_hh = _up(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    n, length, _ = x.shape
+    y = np.zeros((n, length, 2 * hs), dtype=x.dtype)
+    for t in range(length):
+        i, f, g, o = _lstm_gates(x[:, t], h, w_ih, w_hh, b_ih, b_hh, hs)
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        y[:, t, :hs] = h
+        y[:, t, hs:] = c
+    return y.astype(dtype)
+
+
+def _lstm_gates(xt, h, w_ih, w_hh, b_ih, b_hh, hs):
+    a = xt @ w_ih.T + b_ih + h @ w_hh.T + b_hh
+    return (_sigmoid(a[:, :hs]), _sigmoid(a[:, hs:2 * hs]), np.tanh(a[:, 2 * hs:3 * hs]),
+            _sigmoid(a[:, 3 * hs:]))
+
+
+def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    """BPTT. ``out`` gives h_t and c_t; the gates are recomputed from x_t and
+    h_{t-1}. With G = [G^h, G^c] = dL/dy, for t = L-1 ... 0:
+
+        dh  = G^h_t + dA_{t+1} @ w_hh                     (dA_L = 0)
+        dc  = G^c_t + dc_{t+1} * f_{t+1} + dh * o * (1 - tanh(c_t)^2)
+        dA_t = [dc * g * i (1 - i),  dc * c_{t-1} * f (1 - f),
+                dc * i * (1 - g^2),  dh * tanh(c_t) * o (1 - o)]
+
+    dh0 = dA_0 @ w_hh, dc0 = dc_0 * f_0; weights and biases as in the module
+    docstring (the same dA for the input and hidden sides).
+    """
+    _check("lstm_sequence", 4, x, h0, w_ih, w_hh, b_ih, b_hh, c0=c0)
+    dtype = np.asarray(x).dtype
+    grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh = _up(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    n, length, _ = x.shape
+    hs = h0.shape[1]
+    hseq, cseq = out[:, :, :hs], out[:, :, hs:]
+    hprev = np.concatenate([h0[:, None], hseq[:, :-1]], axis=1) if length else hseq
+    cprev = np.concatenate([c0[:, None], cseq[:, :-1]], axis=1) if length else cseq
+    da = np.zeros((n, length, 4 * hs), dtype=x.dtype)
+    dh_next = np.zeros_like(h0)     # dA_{t+1} @ w_hh
+    dc_next = np.zeros_like(c0)     # dc_{t+1} * f_{t+1}
+    for t in reversed(range(length)):
+        i, f, g, o = _lstm_gates(x[:, t], hprev[:, t], w_ih, w_hh, b_ih, b_hh, hs)
+        tc = np.tanh(cseq[:, t])
+        dh = grad[:, t, :hs] + dh_next
+        dc = grad[:, t, hs:] + dc_next + dh * o * (1 - tc ** 2)
+        da[:, t, :hs] = dc * g * i * (1 - i)
+        da[:, t, hs:2 * hs] = dc * cprev[:, t] * f * (1 - f)
+        da[:, t, 2 * hs:3 * hs] = dc * i * (1 - g ** 2)
+        da[:, t, 3 * hs:] = dh * tc * o * (1 - o)
+        dh_next = da[:, t] @ w_hh
+        dc_next = dc * f
+    return _sums(dtype, da, da, x, hprev, w_ih, dh_next, dc_next)
+
+
+# --- GRU --------------------------------------------------------------------------------
+
+def gru_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh):
+    """GRU over the sequence, as ``torch.nn.GRU`` (gate order r, z, n):
+
+        r = sigmoid(x_t W_ir^T + b_ir + h_{t-1} W_hr^T + b_hr)
+        z = sigmoid(x_t W_iz^T + b_iz + h_{t-1} W_hz^T + b_hz)
+        n = tanh(x_t W_in^T + b_in + r * (h_{t-1} W_hn^T + b_hn))
+        h_t = (1 - z) * n + z * h_{t-1},   h_{-1} = h0
+
+    Returns y (N, L, H) with y[:, t] = h_t.
+    """
+    hs = _check("gru_sequence", 3, x, h0, w_ih, w_hh, b_ih, b_hh)
+    dtype = np.asarray(x).dtype
+    x, h, w_ih, w_hh, b_ih, b_hh = _up(x, h0, w_ih, w_hh, b_ih, b_hh)
+    n, length, _ = x.shape
+    y = np.zeros((n, length, hs), dtype=x.dtype)
+    for t in range(length):
+        r, z, nn, _ = _gru_gates(x[:, t], h, w_ih, w_hh, b_ih, b_hh, hs)
+        h = (1 - z) * nn + z * h
+        y[:, t] = h
+    return y.astype(dtype)
+
+
+def _gru_gates(xt, h, w_ih, w_hh, b_ih, b_hh, hs):
+    ai = xt @ w_ih.T + b_ih
+    ah = h @ w_hh.T + b_hh
+    r = _sigmoid(ai[:, :hs] + ah[:, :hs])
+    z = _sigmoid(ai[:, hs:2 * hs] + ah[:, hs:2 * hs])
+    hn = ah[:, 2 * hs:]
+    return r, z, np.tanh(ai[:, 2 * hs:] + r * hn), hn
+
+
+def gru_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh):
+    """BPTT; gates recomputed from x_t and h_{t-1} (read from ``out``). For
+    t = L-1 ... 0, with dh = G_t + dAh_{t+1} @ w_hh + dh_{t+1} * z_{t+1}:
+
+        dn_pre = dh * (1 - z) * (1 - n^2)
+        dr_pre = dn_pre * hn * r (1 - r),   hn = h_{t-1} W_hn^T + b_hn
+        dz_pre = dh * (h_{t-1} - n) * z (1 - z)
+        dAi_t = [dr_pre, dz_pre, dn_pre]          (input side: dx, dW_ih, db_ih)
+        dAh_t = [dr_pre, dz_pre, dn_pre * r]      (hidden side: dh_{t-1}, dW_hh, db_hh)
+
+    dh0 = dAh_0 @ w_hh + dh_0 * z_0.
+    """
+    _check("gru_sequence", 3, x, h0, w_ih, w_hh, b_ih, b_hh)
+    dtype = np.asarray(x).dtype
+    grad, out, x, h0, w_ih, w_hh, b_ih, b_hh = _up(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh)
+    n, length, _ = x.shape
+    hs = h0.shape[1]
+    hprev = np.concatenate([h0[:, None], out[:, :-1]], axis=1) if length else out
+    dai = np.zeros((n, length, 3 * hs), dtype=x.dtype)
+    dah = np.zeros_like(dai)
+    carry = np.zeros_like(h0)
+    for t in reversed(range(length)):
+        r, z, nn, hn = _gru_gates(x[:, t], hprev[:, t], w_ih, w_hh, b_ih, b_hh, hs)
+        dh = grad[:, t] + carry
+        dn_pre = dh * (1 - z) * (1 - nn ** 2)
+        dr_pre = dn_pre * hn * r * (1 - r)
+        dz_pre = dh * (hprev[:, t] - nn) * z * (1 - z)
+        dai[:, t] = np.concatenate([dr_pre, dz_pre, dn_pre], axis=1)
+        dah[:, t] = np.concatenate([dr_pre, dz_pre, dn_pre * r], axis=1)
+        carry = dah[:, t] @ w_hh + dh * z
+    return _sums(dtype, dai, dah, x, hprev, w_ih, carry)
