@@ -214,8 +214,11 @@ def test_exact_gelu_refused_unless_approximation_accepted():
 # --- errors -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("module, pattern", [
-    (nn.Sequential(nn.Linear(2, 2), nn.LSTM(2, 2)),
-     r"model\.1 \(torch\.nn\.LSTM\) is not supported yet; supported: Sequential, Linear"),
+    (nn.Sequential(nn.Linear(2, 2), nn.LSTMCell(2, 2)),
+     r"model\.1 \(torch\.nn\.LSTMCell\) is not supported yet; supported: Sequential, Linear"),
+    (nn.LSTM(2, 3, bidirectional=True), r"model \(torch\.nn\.LSTM\): bidirectional=True"),
+    (nn.LSTM(2, 3, proj_size=2), r"proj_size=2"),
+    (nn.GRU(2, 3, bias=False), r"bias=False"),
     (nn.Sequential(OrderedDict(block=nn.Sequential(nn.ReLU(), nn.Hardtanh()))),
      r"model\.block\.1 \(torch\.nn\.Hardtanh\) is not supported yet"),
     (nn.Sequential(nn.Conv2d(1, 1, 3, padding=1, padding_mode="reflect")),
@@ -442,3 +445,53 @@ def test_jax_exchange():
     import jax
     b = jax.dlpack.from_dlpack(_Producer(tf.tensor(np.arange(3, dtype=np.float32))))
     np.testing.assert_array_equal(np.asarray(b), np.arange(3))
+
+
+# --- recurrent layers -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("kind", ["RNN", "LSTM", "GRU", "RNN-relu", "LSTM-2-layers"])
+def test_recurrent_modules_match_torch(kind, dev):
+    """nn.RNN/LSTM/GRU (batch_first) become triflux's layers of the same name:
+    the same output sequence and the same gradients for every weight and the input."""
+    torch.manual_seed(0)
+    name, _, extra = kind.partition("-")
+    kw = {"nonlinearity": "relu"} if extra == "relu" else {"num_layers": 2} if extra == "2-layers" else {}
+    rnn = getattr(nn, name)(3, 4, batch_first=True, **kw)
+    model = tf.from_torch(rnn, device=device(dev))
+    assert isinstance(model, tf.Chain) == (extra == "2-layers")
+    x = _x(2, 5, 3)
+    oracle = copy.deepcopy(rnn).double()
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    out = oracle(xt)[0]
+    out.pow(2).sum().backward()
+    xd = device(dev)(x)
+    y, (g, gx) = tf.withgradient(lambda m, x: (m(x) ** 2).sum(), model, xd)
+    np.testing.assert_allclose(model(xd).numpy(), out.detach().numpy(), rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(gx.numpy(), xt.grad.numpy(), rtol=2e-4, atol=2e-5)
+    layers = g["layers"] if extra == "2-layers" else [g]
+    for k, lg in enumerate(layers):
+        for field in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            want = getattr(oracle, f"{field}_l{k}").grad.numpy()
+            np.testing.assert_allclose(lg[field].numpy(), want, rtol=2e-4, atol=2e-5, err_msg=f"{k} {field}")
+
+
+@pytest.mark.parametrize("make", [lambda: tf.Chain(tf.LSTM(3, 4), tf.Dense(4, 1)),
+                                  lambda: tf.Chain(tf.GRU(3, 4), tf.RNN(4, 2, tf.relu))])
+def test_recurrent_round_trip_and_torch_chaining(make):
+    """to_torch gives TorchSequence modules that chain in nn.Sequential as the
+    triflux layers chain in Chain; from_torch maps them back weight for weight."""
+    tf.seed(3)
+    model = make()
+    tmod = tf.to_torch(model)
+    x = _x(2, 6, 3)
+    np.testing.assert_allclose(tmod(torch.from_numpy(x)).detach().numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+    back = tf.from_torch(tmod)
+    for a, b in zip(tf.functor.leaves(model), tf.functor.leaves(back)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert "rnn.weight_ih_l0" in tmod[0].state_dict() or "0.rnn.weight_ih_l0" in tmod.state_dict()
+
+
+def test_recurrent_with_return_state_does_not_go_to_torch():
+    with pytest.raises(tf.TrifluxError, match="return_state=True"):
+        tf.to_torch(tf.LSTM(2, 3, return_state=True))

@@ -48,9 +48,15 @@ activation)`` (so a Chain's i-th layer stays the Sequential's i-th module),
 ``softmax``/``logsoftmax`` without ``dims`` to ``Softmax(dim=1)`` (triflux's
 class axis for batched input); ``SkipConnection(layer, +)`` (a residual block, connection
 ``operator.add``/``triflux.ops.add``) becomes ``TorchSkipConnection``, a
-small torch module defined here that ``from_torch`` maps back. Other layers
-(``Parallel``, skips with other connections, ``UNet``, recurrent layers)
-raise an error naming their place in the model.
+small torch module defined here that ``from_torch`` maps back.
+``RNN``/``LSTM``/``GRU`` become ``TorchSequence(nn.RNN/LSTM/GRU(..., batch_first=True))``,
+which returns the output sequence only (as the triflux layer does, so it
+chains with ``Linear``); ``from_torch`` takes ``nn.RNN``/``LSTM``/``GRU``
+(``num_layers > 1`` as a Chain, with Dropout between for ``dropout > 0``;
+bidirectional, ``proj_size`` and ``bias=False`` are refused) and gives
+batch-first layers whatever ``batch_first`` says. Other layers (``Parallel``,
+skips with other connections, ``UNet``, cells) raise an error naming their
+place in the model.
 
 Parameters keep their dtype (float64 stays float64) and are copied to
 ``device`` (``from_torch``; default the CPU) or to the torch device matching
@@ -124,14 +130,27 @@ def _torch_classes():
             def forward(self, x):
                 return self.layer(x) + x
 
-        TorchSkipConnection.__module__ = __name__
-        TorchSkipConnection.__qualname__ = "TorchSkipConnection"   # picklable as triflux.interop.TorchSkipConnection
-        _TORCH_CLASSES["TorchSkipConnection"] = TorchSkipConnection
+        class TorchSequence(nn.Module):
+            """triflux's RNN/LSTM/GRU in torch: the batch-first ``rnn`` module's
+            output sequence only, so it chains with Linear in nn.Sequential as
+            the triflux layer chains with Dense."""
+
+            def __init__(self, rnn):
+                super().__init__()
+                self.rnn = rnn
+
+            def forward(self, x):
+                return self.rnn(x)[0]
+
+        for cls in (TorchSkipConnection, TorchSequence):
+            cls.__module__ = __name__
+            cls.__qualname__ = cls.__name__   # picklable as triflux.interop.<name>
+            _TORCH_CLASSES[cls.__name__] = cls
     return _TORCH_CLASSES
 
 
 def __getattr__(name):   # `triflux.interop.TorchSkipConnection` (also makes it picklable)
-    if name == "TorchSkipConnection":
+    if name in ("TorchSkipConnection", "TorchSequence"):
         return _torch_classes()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -208,7 +227,8 @@ SUPPORTED_TORCH = ("Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNo
                    "BatchNorm3d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d(1)", "Upsample",
                    "UpsamplingNearest2d", "Dropout", "Flatten", "Identity", "ReLU", "Sigmoid", "Tanh",
                    "GELU", "SiLU", "Softplus", "ELU", "LeakyReLU", "Softmax", "LogSoftmax",
-                   "triflux.interop.TorchSkipConnection")
+                   "RNN", "LSTM", "GRU", "triflux.interop.TorchSkipConnection",
+                   "triflux.interop.TorchSequence")
 
 
 def _refuse(path, m, what, fix=""):
@@ -256,6 +276,11 @@ def _from(m, path, approximate_gelu, train_active=None):
         return Chain(**dict(zip(names, layers)))
     if T is _torch_classes()["TorchSkipConnection"]:
         return SkipConnection(_from(m.layer, f"{path}.layer", approximate_gelu, train_active), operator.add)
+
+    if T in (nn.RNN, nn.LSTM, nn.GRU):
+        return _recurrent_from_torch(m, path, train_active)
+    if T is _torch_classes()["TorchSequence"]:
+        return _recurrent_from_torch(m.rnn, f"{path}.rnn", train_active)
 
     if T is nn.Linear:
         w = _array(m.weight)
@@ -384,6 +409,41 @@ def _from(m, path, approximate_gelu, train_active=None):
                        "PyTorch's weight layouts) or wrap the rest around it.")
 
 
+def _recurrent_from_torch(m, path, train_active):
+    """torch.nn.RNN/LSTM/GRU as triflux's layer of the same name (a Chain of
+    them, with Dropout between, for ``num_layers > 1``). triflux's layers are
+    batch-first and return the output sequence only, whatever ``batch_first``
+    says: feed them (N, L, in)."""
+    from . import activations as A
+    from .layers import GRU, LSTM, RNN, Chain, Dropout
+    from .tensor import Tensor
+    nn = _torch().nn
+    T = type(m)
+    if m.bidirectional:
+        _refuse(path, m, "bidirectional=True", "triflux's recurrent layers run forward in time; run a second "
+                "layer on the time-reversed sequence and concat the outputs")
+    if getattr(m, "proj_size", 0):
+        _refuse(path, m, f"proj_size={m.proj_size}")
+    if not m.bias:
+        _refuse(path, m, "bias=False", "triflux's recurrent layers have bias_ih and bias_hh")
+    layers = []
+    for k in range(m.num_layers):
+        ins = m.input_size if k == 0 else m.hidden_size
+        w = _array(getattr(m, f"weight_ih_l{k}"))
+        if T is nn.RNN:
+            layer = RNN(ins, m.hidden_size, {"tanh": A.tanh, "relu": A.relu}[m.nonlinearity], dtype=w.dtype)
+        else:
+            layer = (LSTM if T is nn.LSTM else GRU)(ins, m.hidden_size, dtype=w.dtype)
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            setattr(layer, name, Tensor._from_numpy(_array(getattr(m, f"{name}_l{k}"))))
+        if k and m.dropout:
+            drop = Dropout(m.dropout)
+            drop.active = train_active if m.training else False
+            layers.append(drop)
+        layers.append(layer)
+    return layers[0] if len(layers) == 1 else Chain(*layers)
+
+
 def ops_pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
@@ -450,7 +510,7 @@ def _to(x, path):
     from . import ops
     from .functor import is_layer, path_join
     from .layers import (Chain, Dense, Conv, ConvTranspose, BatchNorm, Dropout, MaxPool, MeanPool,
-                         GlobalMeanPool, Upsample, SkipConnection, flatten)
+                         GlobalMeanPool, Upsample, SkipConnection, flatten, RNN, LSTM, GRU)
     from .layers.conv import _same_padding
     nn = _torch().nn
     T = type(x)
@@ -510,6 +570,21 @@ def _to(x, path):
         mod = nn.Dropout(x.p)
         mod.train(x.active is not False)
         return mod
+
+    if T in (RNN, LSTM, GRU):
+        if x.return_state:
+            refuse(f"{T.__name__} with return_state=True", "a layer returning its state does not chain; "
+                   "use return_state=False and call the torch module directly for the state")
+        w = x.weight_ih
+        kw = dict(batch_first=True, dtype=_tdtype(w), device=_tdev(w))
+        if T is RNN:
+            nonlinearity = {A.tanh: "tanh", A.relu: "relu"}[x.activation]
+            mod = nn.RNN(x.in_features, x.out_features, nonlinearity=nonlinearity, **kw)
+        else:
+            mod = getattr(nn, T.__name__)(x.in_features, x.out_features, **kw)
+        _set_params(mod, weight_ih_l0=x.weight_ih, weight_hh_l0=x.weight_hh, bias_ih_l0=x.bias_ih,
+                    bias_hh_l0=x.bias_hh)
+        return _torch_classes()["TorchSequence"](mod)
 
     if T in (MaxPool, MeanPool):
         t, b, l, r = x.pad
@@ -575,7 +650,7 @@ def _to(x, path):
     from .show import fname
     what = f"{type(x).__module__}.{type(x).__qualname__}" if is_layer(x) else f"function {fname(x)}"
     refuse(what, "supported: Chain, Dense, Conv, ConvTranspose, BatchNorm, Dropout, MaxPool, MeanPool, "
-                 "GlobalMeanPool, Upsample, SkipConnection(layer, +), flatten and the activations identity, "
+                 "GlobalMeanPool, Upsample, RNN, LSTM, GRU, SkipConnection(layer, +), flatten and the activations identity, "
                  "relu, sigmoid, tanh, gelu, swish, softplus, elu, leakyrelu, softmax, logsoftmax")
 
 
