@@ -267,7 +267,10 @@ def rule_from_dict(d):
 
 def rule_to_dict(rule):
     """``{"Adam": {"eta": 0.001, "beta": [0.9, 0.999], "epsilon": 1e-08}}``: the
-    rule as plain data (names as keys, so a file format needs no strings)."""
+    rule as plain data (names as keys, so a file format needs no strings). A
+    wrapper that holds live resources (``DistributedOptimizer``'s backend)
+    saves as the rule it wraps."""
+    rule = rule._saved_rule() if hasattr(rule, "_saved_rule") else rule
     if isinstance(rule, MixedPrecision):
         return rule._to_dict()
     hp = {k: (list(v) if isinstance(v, tuple) else v) for k, v in rule.hyperparameters().items()}

@@ -207,6 +207,8 @@ def _walk_leaf(plan, leaf, src, path):
     except (StructureError, TypeError, ValueError) as e:
         plan.error(f"{_show(path_join(path, 'rule'))}: {e}")
         return
+    if hasattr(leaf.rule, "_saved_rule") and type(rule) is type(leaf.rule._saved_rule()):
+        rule = leaf.rule.replace(**rule.hyperparameters())   # e.g. DistributedOptimizer: keep its backend
     if type(rule) is not type(leaf.rule):
         plan.error(f"{_show(path_join(path, 'rule'))}: the optimiser state uses {type(leaf.rule).__name__}, the "
                    f"saved state was made by {type(rule).__name__}; call `setup({type(rule).__name__}(), model)` "

@@ -55,6 +55,11 @@ class DistributedOptimizer(Rule):
     def init(self, x):
         return self.rule.init(x)
 
+    def _saved_rule(self):
+        """What ``state``/``save`` record: the inner rule (the backend is a live
+        connection); loading into a DistributedOptimizer state keeps its backend."""
+        return self.rule
+
     def step(self, x, g, st):
         g = _leaf(self.backend, g, "allreduce", "avg", 0, "gradient")
         return self.rule.step(x, g, st)
