@@ -87,8 +87,9 @@ def rnn_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
     x, h, w_ih, w_hh, b_ih, b_hh = _up(x, h0, w_ih, w_hh, b_ih, b_hh)
     n, length, _ = x.shape
     y = np.zeros((n, length, h.shape[1]), dtype=x.dtype)
+    xa = _project(x, w_ih, b_ih + b_hh)          # the input side of every step at once
     for t in range(length):
-        a = x[:, t] @ w_ih.T + b_ih + h @ w_hh.T + b_hh
+        a = xa[:, t] + h @ w_hh.T
         h = np.tanh(a) if activation == "tanh" else np.maximum(a, 0)
         y[:, t] = h
     return y.astype(dtype)
@@ -117,11 +118,21 @@ def rnn_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh, activation="
     return _sums(dtype, da, da, x, hprev, w_ih, dh)
 
 
+def _project(x, w, b):
+    """``x_t @ w^T + b`` for every (n, t) at once, as one matrix product:
+    (N, L, K) -> (N, L, rows of w)."""
+    n, length, k = x.shape
+    return (x.reshape(n * length, k) @ w.T + b).reshape(n, length, w.shape[0])
+
+
 def _sums(dtype, da_i, da_h, x, hprev, w_ih, dh0, dc0=None):
-    """dx, dh0, (dc0), dW_ih, dW_hh, db_ih, db_hh from the gate gradients."""
-    dx = da_i @ w_ih
-    dw_ih = np.einsum("ntg,nti->gi", da_i, x)
-    dw_hh = np.einsum("ntg,ntk->gk", da_h, hprev)
+    """dx, dh0, (dc0), dW_ih, dW_hh, db_ih, db_hh from the gate gradients
+    (each sum over (n, t) one matrix product over the flattened batch and time)."""
+    n, length, g = da_i.shape
+    flat = lambda a: a.reshape(n * length, a.shape[2])   # noqa: E731
+    dx = (flat(da_i) @ w_ih).reshape(x.shape)
+    dw_ih = flat(da_i).T @ flat(x)
+    dw_hh = flat(da_h).T @ flat(hprev)
     db_ih = da_i.sum(axis=(0, 1))
     db_hh = da_h.sum(axis=(0, 1))
     grads = (dx, dh0) + (() if dc0 is None else (dc0,)) + (dw_ih, dw_hh, db_ih, db_hh)
@@ -144,8 +155,9 @@ def lstm_sequence_forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     x, h, c, w_ih, w_hh, b_ih, b_hh = _up(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     n, length, _ = x.shape
     y = np.zeros((n, length, 2 * hs), dtype=x.dtype)
+    xa = _project(x, w_ih, b_ih + b_hh)          # the input side of every step at once
     for t in range(length):
-        i, f, g, o = _lstm_gates(x[:, t], h, w_ih, w_hh, b_ih, b_hh, hs)
+        i, f, g, o = _lstm_gates(xa[:, t] + h @ w_hh.T, hs)
         c = f * c + i * g
         h = o * np.tanh(c)
         y[:, t, :hs] = h
@@ -153,10 +165,10 @@ def lstm_sequence_forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     return y.astype(dtype)
 
 
-def _lstm_gates(xt, h, w_ih, w_hh, b_ih, b_hh, hs):
-    a = xt @ w_ih.T + b_ih + h @ w_hh.T + b_hh
-    return (_sigmoid(a[:, :hs]), _sigmoid(a[:, hs:2 * hs]), np.tanh(a[:, 2 * hs:3 * hs]),
-            _sigmoid(a[:, 3 * hs:]))
+def _lstm_gates(a, hs):
+    """(i, f, g, o) from the pre-activations ``a`` (..., 4H)."""
+    return (_sigmoid(a[..., :hs]), _sigmoid(a[..., hs:2 * hs]), np.tanh(a[..., 2 * hs:3 * hs]),
+            _sigmoid(a[..., 3 * hs:]))
 
 
 def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
@@ -182,8 +194,10 @@ def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     da = np.zeros((n, length, 4 * hs), dtype=x.dtype)
     dh_next = np.zeros_like(h0)     # dA_{t+1} @ w_hh
     dc_next = np.zeros_like(c0)     # dc_{t+1} * f_{t+1}
+    # every h_{t-1} is known, so the gates of all steps come from two matrix products
+    gates = _lstm_gates(_project(x, w_ih, b_ih) + _project(hprev, w_hh, b_hh), hs)
     for t in reversed(range(length)):
-        i, f, g, o = _lstm_gates(x[:, t], hprev[:, t], w_ih, w_hh, b_ih, b_hh, hs)
+        i, f, g, o = (v[:, t] for v in gates)
         tc = np.tanh(cseq[:, t])
         dh = grad[:, t, :hs] + dh_next
         dc = grad[:, t, hs:] + dc_next + dh * o * (1 - tc ** 2)
@@ -213,20 +227,21 @@ def gru_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh):
     x, h, w_ih, w_hh, b_ih, b_hh = _up(x, h0, w_ih, w_hh, b_ih, b_hh)
     n, length, _ = x.shape
     y = np.zeros((n, length, hs), dtype=x.dtype)
+    xa = _project(x, w_ih, b_ih)                 # the input side of every step at once
     for t in range(length):
-        r, z, nn, _ = _gru_gates(x[:, t], h, w_ih, w_hh, b_ih, b_hh, hs)
+        r, z, nn, _ = _gru_gates(xa[:, t], h @ w_hh.T + b_hh, hs)
         h = (1 - z) * nn + z * h
         y[:, t] = h
     return y.astype(dtype)
 
 
-def _gru_gates(xt, h, w_ih, w_hh, b_ih, b_hh, hs):
-    ai = xt @ w_ih.T + b_ih
-    ah = h @ w_hh.T + b_hh
-    r = _sigmoid(ai[:, :hs] + ah[:, :hs])
-    z = _sigmoid(ai[:, hs:2 * hs] + ah[:, hs:2 * hs])
-    hn = ah[:, 2 * hs:]
-    return r, z, np.tanh(ai[:, 2 * hs:] + r * hn), hn
+def _gru_gates(ai, ah, hs):
+    """(r, z, n, hn) from the input-side ``ai`` = x W_ih^T + b_ih and
+    hidden-side ``ah`` = h W_hh^T + b_hh pre-activations (..., 3H)."""
+    r = _sigmoid(ai[..., :hs] + ah[..., :hs])
+    z = _sigmoid(ai[..., hs:2 * hs] + ah[..., hs:2 * hs])
+    hn = ah[..., 2 * hs:]
+    return r, z, np.tanh(ai[..., 2 * hs:] + r * hn), hn
 
 
 def gru_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh):
@@ -250,8 +265,10 @@ def gru_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh):
     dai = np.zeros((n, length, 3 * hs), dtype=x.dtype)
     dah = np.zeros_like(dai)
     carry = np.zeros_like(h0)
+    # every h_{t-1} is known, so the gates of all steps come from two matrix products
+    gates = _gru_gates(_project(x, w_ih, b_ih), _project(hprev, w_hh, b_hh), hs)
     for t in reversed(range(length)):
-        r, z, nn, hn = _gru_gates(x[:, t], hprev[:, t], w_ih, w_hh, b_ih, b_hh, hs)
+        r, z, nn, hn = (v[:, t] for v in gates)
         dh = grad[:, t] + carry
         dn_pre = dh * (1 - z) * (1 - nn ** 2)
         dr_pre = dn_pre * hn * r * (1 - r)
