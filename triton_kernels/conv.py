@@ -45,21 +45,10 @@ import triton.language as tl
 from . import common
 from .common import store_value
 from .elementwise import _sigmoid, _tanh
+from .matmul import _DOT_F32, _DOT_F64, _dot_kind   # the dot kinds and their choice, shared
 from ..errors import DTypeError, ShapeError
 # the shape arithmetic is the reference's: both sides read attrs the same way
 from ..reference.conv import _out_side, _transpose_out_shape, BIAS_ACTIVATIONS
-
-_DOT_NATIVE = 0
-_DOT_F32 = 1
-_DOT_F64 = 2
-
-
-def _dot_kind(dtype):
-    if dtype == torch.float64:
-        return _DOT_F64
-    if dtype == torch.float32 or common.INTERPRET:
-        return _DOT_F32
-    return _DOT_NATIVE
 
 
 def _dot_kind_of(a, b):

@@ -51,8 +51,9 @@ def _pad_str(pad):
     return str(pad)
 
 
-#: the activations conv2d_bias_act applies in its epilogue (σ is sigmoid)
-_FUSABLE = {identity: "identity", relu: "relu", sigmoid: "sigmoid", tanh: "tanh"}
+#: the activations conv2d_bias_act applies in its epilogue (σ is sigmoid), by identity
+#: (a user's activation need not be hashable)
+_FUSABLE = {id(identity): "identity", id(relu): "relu", id(sigmoid): "sigmoid", id(tanh): "tanh"}
 
 
 def _options(layer, *options):
@@ -102,7 +103,7 @@ class Conv(Layer):
                                  f"kernel's extent {d * (k - 1) + 1}; input shape {x.shape}")
         # activations whose derivative follows from the output are fused with the conv
         # and the bias into one primitive; others keep conv2d, + bias, activation
-        fused = _FUSABLE.get(self.activation) if self.bias is not None else None
+        fused = _FUSABLE.get(id(self.activation)) if self.bias is not None else None
         if fused is not None:
             # one primitive: conv, bias and activation in one kernel (backward from the output)
             return ops.conv2d_bias_act(x, self.weight, self.bias, stride=self.stride, padding=self.pad,
