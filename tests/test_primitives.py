@@ -329,6 +329,13 @@ def _gradient(seed, shape, dtype):
     return testing.round_to(g, dtype)
 
 
+def both_sides(case, dtype, device):
+    """The case's inputs rounded to ``dtype``, the reference's float64-safe
+    copies of them, and the kernel's tensors on ``device`` in the case's layouts."""
+    rounded = rounded_inputs(case, dtype, flush=flushes(dtype))
+    return rounded, reference_copies(rounded), kernel_tensors(rounded, case_layouts(case, len(rounded)), device)
+
+
 # === a. kernel forward vs reference ===========================================================
 
 @pytest.mark.requires_kernels
@@ -338,10 +345,7 @@ def test_kernel_forward_matches_reference(prim, dtype, data, kernel_device):
     case = draw_case(data, prim, dtype)
     what = describe(prim, dtype, "forward", case)
     note(what)
-    rounded = rounded_inputs(case, dtype, flush=flushes(dtype))
-    ref_in = reference_copies(rounded)
-    layouts = case_layouts(case, len(rounded))
-    k_in = kernel_tensors(rounded, layouts, kernel_device)
+    rounded, ref_in, k_in = both_sides(case, dtype, kernel_device)
     ref_fwd = _part(prim, "reference", "forward")
     ker_fwd = _part(prim, "triton_kernels", "forward")
 
@@ -381,10 +385,7 @@ def test_kernel_backward_matches_reference(prim, dtype, data, kernel_device):
     what = describe(prim, dtype, "backward", case, **{"gradient seed": seed,
                                                        "gradient layout": glayout})
     note(what)
-    rounded = rounded_inputs(case, dtype, flush=flushes(dtype))
-    ref_in = reference_copies(rounded)
-    layouts = case_layouts(case, len(rounded))
-    k_in = kernel_tensors(rounded, layouts, kernel_device)
+    rounded, ref_in, k_in = both_sides(case, dtype, kernel_device)
     ref_fwd = _part(prim, "reference", "forward")
     ref_bwd = _part(prim, "reference", "backward")
     ker_fwd = _part(prim, "triton_kernels", "forward")
@@ -780,10 +781,7 @@ def test_in_place_kernel_matches_reference(prim, dtype, data, kernel_device):
     case = draw_case(data, prim, dtype)
     what = describe(prim, dtype, "in place", case)
     note(what)
-    rounded = rounded_inputs(case, dtype, flush=flushes(dtype))
-    ref_in = reference_copies(rounded)
-    layouts = case_layouts(case, len(rounded))
-    k_in = kernel_tensors(rounded, layouts, kernel_device)
+    rounded, ref_in, k_in = both_sides(case, dtype, kernel_device)
     ref_fwd = _part(prim, "reference", "forward")
     ker_fwd = _part(prim, "triton_kernels", "forward")
 
@@ -805,7 +803,7 @@ def test_in_place_kernel_matches_reference(prim, dtype, data, kernel_device):
             assert np.array_equal(actual, expected), f"{what}: non-floating input {i} changed"
             continue
         tol.assert_close(actual, expected, dtype,
-                         what=f"{what}: input {i} after the update ({layouts[i]}), kernel vs reference",
+                         what=f"{what}: input {i} after the update ({case.layout(i)}), kernel vs reference",
                          ratio_reference=ratio_of.get(i), flush=flushes(dtype))
 
 
