@@ -38,3 +38,27 @@ def run_python(code, env=None, cwd=None, timeout=120, unset=()):
     e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env=e, cwd=cwd or ROOT, timeout=timeout)
+
+
+def tt(a, device, dtype=None):
+    """A contiguous torch tensor on ``device`` holding NumPy array ``a``
+    (converted to ``dtype`` first when given; bfloat16 and 0-d included)."""
+    import numpy as np
+    from triflux import dtypes as tfd
+    from triflux.testing import to_torch_layout
+    a = np.asarray(a if dtype is None else np.asarray(a).astype(tfd.as_dtype(dtype)))
+    if a.ndim == 0:
+        return to_torch_layout(a.reshape(1), "contiguous", device).reshape(())
+    return to_torch_layout(a, "contiguous", device)
+
+
+def tn(t):
+    """A torch tensor as a NumPy array (bfloat16 included)."""
+    from triflux.testing import to_numpy
+    return to_numpy(t)
+
+
+def f64(t):
+    """A torch tensor as a float64 NumPy array."""
+    import numpy as np
+    return tn(t).astype(np.float64)

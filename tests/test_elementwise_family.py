@@ -12,6 +12,7 @@ import pytest
 
 from triflux import dtypes as tfd
 from triflux.errors import DTypeError, ShapeError
+from helpers import f64, tn, tt
 from triflux.reference import elementwise as R
 
 torch = pytest.importorskip("torch")
@@ -24,24 +25,6 @@ FLOATS = ("float32", "float16", "bfloat16", "float64")
 def K():
     from triflux.triton_kernels import elementwise
     return elementwise
-
-
-def tt(a, device, dtype=None):
-    """A torch tensor holding NumPy array ``a`` (bfloat16 included)."""
-    from triflux.testing import to_torch_layout
-    a = np.asarray(a if dtype is None else np.asarray(a).astype(tfd.as_dtype(dtype)))
-    if a.ndim == 0:
-        return to_torch_layout(a.reshape(1), "contiguous", device).reshape(())
-    return to_torch_layout(a, "contiguous", device)
-
-
-def tn(t):
-    from triflux.testing import to_numpy
-    return to_numpy(t)
-
-
-def f64(t):
-    return tn(t).astype(np.float64)
 
 
 def torch_grad(fn, arrays, g, dtype=torch.float64):

@@ -10,8 +10,8 @@ import warnings
 import numpy as np
 import pytest
 
-from triflux import dtypes as tfd
 from triflux.errors import ShapeError
+from helpers import f64, tn, tt
 from triflux.reference import reduce as R
 
 torch = pytest.importorskip("torch")
@@ -22,23 +22,6 @@ pytestmark = pytest.mark.requires_kernels
 def K():
     from triflux.triton_kernels import reduce
     return reduce
-
-
-def tt(a, device, dtype=None):
-    from triflux.testing import to_torch_layout
-    a = np.asarray(a if dtype is None else np.asarray(a).astype(tfd.as_dtype(dtype)))
-    if a.ndim == 0:
-        return to_torch_layout(a.reshape(1), "contiguous", device).reshape(())
-    return to_torch_layout(a, "contiguous", device)
-
-
-def tn(t):
-    from triflux.testing import to_numpy
-    return to_numpy(t)
-
-
-def f64(t):
-    return tn(t).astype(np.float64)
 
 
 # --- empty reductions and shapes ------------------------------------------------------------
