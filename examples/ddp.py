@@ -9,8 +9,9 @@ Run it with 2 workers on one machine::
 than workers, ``--oversubscribe``). Across machines, see the README
 section "Running across machines". Every worker builds its own random
 model; ``synchronize`` makes them all equal to rank 0's, each worker trains
-on its shard of the data (``DistributedDataContainer``) and
-``DistributedOptimizer`` averages the gradients, so the models stay equal.
+on its shard of the data (``DataLoader(DistributedDataContainer(backend,
+(x, y)))``, as in Flux) and ``DistributedOptimizer`` averages the
+gradients, so the models stay equal.
 """
 import argparse
 import os
@@ -58,8 +59,9 @@ def main(steps=20, backend_name="auto", timeout=60.0):
     model = dist.synchronize(backend, dist.FluxDistributedModel(model), root=0)
     opt_state = dist.synchronize(backend, tf.setup(dist.DistributedOptimizer(backend, tf.Adam(0.01)), model),
                                  root=0)
+    # this worker's shard of the data, read as in Flux: DataLoader(DistributedDataContainer(backend, data))
     data = dist.DistributedDataContainer(backend, (x, y))
-    loader = device(data.loader(batchsize=len(data)))
+    loader = device(tf.DataLoader(data, batchsize=len(data)))
 
     def loss(m, xb, yb):
         return losses.mse(m(xb), yb)

@@ -130,6 +130,38 @@ st = tf.setup(dist.DistributedOptimizer(backend, tf.Adam()), build(rank))
 st["layers"][0]["weight"].state = st["layers"][0]["weight"].state[:2] + (7 + rank,)
 st = dist.synchronize(backend, st)
 out["adam_t"] = st["layers"][0]["weight"].state[2]
+
+# Flux's DistributedUtils example in Flux's spelling: a DataLoader over a DistributedDataContainer
+# (shuffled per worker), DistributedOptimizer(Adam), against one process on the combined batches
+rng = np.random.default_rng(1)
+x = rng.random((16, 1)).astype(np.float32)
+y = x ** 3
+def seed_model(seed):
+    tf.seed(seed)
+    return tf.Chain(tf.Dense(1, 16, tf.tanh), tf.Dense(16, 1))
+ref = seed_model(200)
+ref_state = tf.setup(tf.Adam(0.01), ref)
+model = dist.synchronize(backend, dist.FluxDistributedModel(seed_model(200 + rank)), root=0)
+state = dist.synchronize(backend, tf.setup(dist.DistributedOptimizer(backend, tf.Adam(0.01)), model), root=0)
+data = dist.DistributedDataContainer(backend, (x, y, np.arange(16)))
+out["ddc"] = [repr(data), len(data)]
+loader = tf.DataLoader(data, batchsize=4, shuffle=True, rng=rank)
+seen, gaps = [], []
+for epoch in range(2):
+    for xb, yb, ids in loader:
+        local, (g,) = tf.withgradient(lambda m: losses.mse(m(xb), yb), model)
+        tf.update(state, model, g)
+        seen.append(ids.tolist())
+        every = np.zeros((n, len(ids)), np.int64)          # every worker's batch, for the reference
+        every[rank] = ids
+        every = dist.allreduce(backend, every, "sum").ravel()
+        l_ref, (g_ref,) = tf.withgradient(lambda m: losses.mse(m(x[every]), y[every]), ref)
+        tf.update(ref_state, ref, g_ref)
+        l_all = dist.allreduce(backend, np.array([float(local.item())]), "avg")[0]
+        gaps.append(abs(l_all - float(l_ref.item())))
+out["ddc_seen"] = seen
+out["ddc_loss_gap"] = max(gaps)
+out["ddc_maxdiff"] = max(float(np.abs(a - b).max()) for a, b in zip(params(model), params(ref)))
 emit()
 """
 
@@ -380,6 +412,25 @@ def test_data_parallel_training_equals_single_process(kind):
         assert d["shard"] == [4 * r, 4 * r + 4, 4]
         assert d["maxdiff"] < 1e-5, d
         assert d["adam_t"] == 7
+
+
+@pytest.mark.parametrize("kind", LAUNCHERS)
+def test_flux_example_dataloader_over_a_distributed_container(kind):
+    """Flux's DistributedUtils example with ``DataLoader(DistributedDataContainer(backend, (x, y)),
+    batchsize=4, shuffle=True)``: the workers see disjoint halves (every local observation once per
+    epoch, reshuffled), and training equals one process on the combined batches, losses included."""
+    res = _ok(kind, "main", MAIN)
+    for r in (0, 1):
+        d = res[r]
+        assert d["ddc"] == [f"DistributedDataContainer(rank {r} of 2: observations {8 * r}:{8 * r + 8} of 16; "
+                            "(float32[8, 1], float32[8, 1], int64[8]))", 8]
+        seen = d["ddc_seen"]
+        assert [len(b) for b in seen] == [4, 4, 4, 4]
+        for epoch in (seen[:2], seen[2:]):
+            assert sorted(epoch[0] + epoch[1]) == list(range(8 * r, 8 * r + 8))
+        assert seen[:2] != seen[2:]                              # reshuffled every epoch
+        assert d["ddc_loss_gap"] < 1e-6 and d["ddc_maxdiff"] < 1e-5, d
+    assert res[0]["ddc_seen"] != [[i - 8 for i in b] for b in res[1]["ddc_seen"]]   # each its own shuffle
 
 
 # --- failures -----------------------------------------------------------------------------------------------

@@ -1,8 +1,24 @@
-"""``DataLoader``: mini-batches over arrays, batch axis first.
+"""``DataLoader``: mini-batches over arrays or any data container, batch axis first.
 
 ``DataLoader((x, y), batchsize=32, shuffle=True)`` yields ``(x[i:j], y[i:j])``
 for successive (shuffled) index ranges; a loader moved to a device
 (``gpu(loader)``, ``device(loader)``) yields batches already there.
+
+Data containers (MLUtils' ``numobs``/``getobs`` protocol). Besides arrays,
+the data (or any entry of a tuple/list/dict of data) may be any object with
+``__len__`` (the number of observations) and ``__getitem__`` taking a NumPy
+array of indices and returning that batch: an array or Tensor with one
+entry per index along the first axis, or a tuple/list/dict of them. The
+batch is given exactly as DataLoader gives it for the equivalent arrays
+(lists become tuples, a list of numbers an array, other array types such as
+torch tensors NumPy arrays). A container whose ``__getitem__`` only takes
+one int (a typical torch ``Dataset``), or one with torch's batched
+``__getitems__(indices)`` (a list of observations), is read observation by
+observation and the observations are stacked into the batch (Python floats
+become float32, as in ``tensor``). A container that is a view of arrays
+(``DistributedDataContainer``) hands the loader those arrays
+(``_dataloader_arrays()``), which it then reads as arrays: slices without
+shuffling, device data read once per epoch.
 
 A loader on a GPU device prefetches: while the caller computes on batch k,
 batch k+1 is already being copied. On a real CUDA (or ROCm) GPU the batch is
@@ -16,24 +32,24 @@ step ahead (the same code path, so it is tested everywhere). The loader
 keeps no reference to a batch it has handed out: while the caller works on
 batch k it holds batch k+1 only, and at most two batches while it stages.
 """
+import numbers
+
 import numpy as np
 
 from .errors import ShapeError
 
+_PROTOCOL = ("a data container needs __len__ (the number of observations) and __getitem__ that takes a NumPy "
+             "array of indices and returns the batch (arrays or Tensors with one entry per index along the first "
+             "axis, or tuples/lists/dicts of them), or that takes one int index and returns one observation "
+             "(DataLoader then stacks the observations into the batch; it reads one index at a time when "
+             "__getitem__ raises a TypeError, IndexError, KeyError or ValueError for an array of indices)")
 
-def _nobs(x, path):
-    shape = getattr(x, "shape", None)
-    if shape is None:
-        raise ShapeError(f"DataLoader: {path} is not an array (got {type(x).__name__}); give NumPy arrays or "
-                         "Tensors (or tuples/lists/dicts of them) whose first axis indexes the observations")
-    if len(shape) == 0:
-        raise ShapeError(f"DataLoader: {path} has no batch axis (shape {tuple(shape)}); "
-                         "give arrays whose first axis indexes the observations")
-    return int(shape[0])
 
+# --- structures of arrays ------------------------------------------------------------------------
 
 def _walk(data, path="data"):
-    """``[(path, leaf)]`` for every array of ``data`` (nested tuples, lists, dicts)."""
+    """``[(path, leaf)]`` for every array (or data container) of ``data``
+    (nested tuples, lists, dicts)."""
     if isinstance(data, dict):
         return [item for k, v in data.items() for item in _walk(v, f"{path}[{k!r}]")]
     if isinstance(data, (tuple, list)):
@@ -41,27 +57,259 @@ def _walk(data, path="data"):
     return [(path, data)]
 
 
+def _rebuild_paths(data, f, path="data"):
+    """``data``'s structure with every leaf ``x`` (at ``path``) replaced by
+    ``f(x, path)``; lists become tuples (a batch of ``(x, y)`` splats into
+    ``loss(model, x, y)``)."""
+    if isinstance(data, dict):
+        return type(data)((k, _rebuild_paths(v, f, f"{path}[{k!r}]")) for k, v in data.items())
+    if isinstance(data, (tuple, list)):
+        items = [_rebuild_paths(v, f, f"{path}[{i}]") for i, v in enumerate(data)]
+        return type(data)(*items) if hasattr(data, "_fields") else tuple(items)
+    return f(data, path)
+
+
 def _rebuild(data, f):
     """``data``'s structure with every leaf ``x`` replaced by ``f(x)``; lists
-    become tuples (a batch of ``(x, y)`` splats into ``loss(model, x, y)``)."""
+    become tuples."""
+    return _rebuild_paths(data, lambda x, _: f(x))
+
+
+def _is_container(x):
+    """Whether ``x`` is a data container: not an array (nothing with a
+    ``shape``), not a str or a tuple/list/dict (structures), but
+    ``len(x)`` observations read with ``x[indices]`` (or ``__getitems__``)."""
+    if hasattr(x, "shape") or isinstance(x, (str, bytes, bytearray, dict, tuple, list)):
+        return False
+    t = type(x)
+    return hasattr(t, "__len__") and (hasattr(t, "__getitem__") or hasattr(t, "__getitems__"))
+
+
+def _arrays_behind(data):
+    """``data`` with every container that is a view of arrays (it has
+    ``_dataloader_arrays()``, as ``DistributedDataContainer``) replaced by
+    those arrays; other entries and the structure stay as they are."""
     if isinstance(data, dict):
-        return type(data)((k, _rebuild(v, f)) for k, v in data.items())
+        return type(data)((k, _arrays_behind(v)) for k, v in data.items())
     if isinstance(data, (tuple, list)):
-        items = [_rebuild(v, f) for v in data]
-        return type(data)(*items) if hasattr(data, "_fields") else tuple(items)
-    return f(data)
+        items = [_arrays_behind(v) for v in data]
+        return type(data)(*items) if hasattr(data, "_fields") else type(data)(items)
+    view = getattr(type(data), "_dataloader_arrays", None)
+    return _arrays_behind(data._dataloader_arrays()) if callable(view) else data
+
+
+def _nobs(x, path, who="DataLoader"):
+    if _is_container(x):
+        return len(x)
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise ShapeError(f"{who}: {path} is not an array or a data container (got {type(x).__name__}); give NumPy "
+                         "arrays or Tensors (or tuples/lists/dicts of them) whose first axis indexes the "
+                         "observations, or an object with __len__ and __getitem__ taking an array of indices "
+                         "(a data container)")
+    if len(shape) == 0:
+        raise ShapeError(f"{who}: {path} has no batch axis (shape {tuple(shape)}); "
+                         "give arrays whose first axis indexes the observations")
+    return int(shape[0])
+
+
+def _count_observations(data, who="DataLoader"):
+    """The number of observations of ``data`` (arrays along their first
+    axis, containers by ``len``), which every entry must agree on."""
+    items = _walk(data)
+    if not items:
+        raise ShapeError(f"{who}: the data holds no arrays (an empty tuple, list or dict)")
+    ns = {path: _nobs(x, path, who) for path, x in items}
+    if len(set(ns.values())) > 1:
+        detail = ", ".join(f"{p} has {n}" for p, n in ns.items())
+        raise ShapeError(f"{who}: the arrays have different numbers of observations ({detail}); "
+                         "they must agree on the first axis (the batch axis)")
+    return next(iter(ns.values()))
+
+
+# --- reading data containers -----------------------------------------------------------------------
+
+def _is_number(v):
+    return isinstance(v, (numbers.Number, np.bool_)) and not isinstance(v, np.ndarray)
+
+
+def _numbers(values):
+    """A list of numbers as an array; Python floats become float32 (as in
+    ``tensor``), NumPy scalars keep their dtype."""
+    arr = np.asarray(values)
+    if arr.dtype == np.float64 and not any(isinstance(v, np.floating) for v in values):
+        arr = arr.astype(np.float32)
+    return arr
+
+
+def _array(x, where):
+    """``x`` as a batch leaf: a NumPy array or a Tensor as it is, another
+    array type (a torch tensor, a memmap, ...) as a NumPy array."""
+    from .tensor import Tensor, _torch_to_numpy
+    if isinstance(x, (np.ndarray, Tensor)):
+        return x
+    if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
+        return _torch_to_numpy(x)
+    if hasattr(x, "shape") or hasattr(x, "__array__"):
+        return np.asarray(x)
+    raise ShapeError(f"DataLoader: {where} is a {type(x).__name__}, not an array; {_PROTOCOL}")
+
+
+def _as_batch(out, n, name):
+    """What ``container[indices]`` returned for ``n`` indices, as DataLoader
+    gives a batch of the equivalent arrays: dicts and tuples keep their
+    structure, lists become tuples and a list of numbers an array; every
+    array must have ``n`` entries along its first axis."""
+    try:
+        return _batch_tree(out, n, name, "")
+    except ShapeError as e:
+        if isinstance(out, (list, tuple)) and len(out) == n:
+            raise ShapeError(f"{e} It returned {n} items for {n} indices: a list of single observations is not a "
+                             "batch; stack them (np.stack) in __getitem__, or let __getitem__ take one int "
+                             "index only.") from None
+        raise
+
+
+def _batch_tree(out, n, name, path):
+    where = f"{name}[indices]{path}"
+    if isinstance(out, dict):
+        return type(out)((k, _batch_tree(v, n, name, f"{path}[{k!r}]")) for k, v in out.items())
+    if isinstance(out, list) and out and all(_is_number(v) for v in out):
+        leaf = _numbers(out)
+    elif isinstance(out, (tuple, list)):
+        items = [_batch_tree(v, n, name, f"{path}[{i}]") for i, v in enumerate(out)]
+        return type(out)(*items) if hasattr(out, "_fields") else tuple(items)
+    else:
+        leaf = _array(out, where)
+    shape = tuple(leaf.shape)
+    if not shape or shape[0] != n:
+        raise ShapeError(f"DataLoader: {where} has shape {shape} for a batch of {n} indices: {_PROTOCOL}.")
+    return leaf
+
+
+def _observation(x):
+    """One observation's leaf as a NumPy array (Tensors and torch tensors
+    copied to the host)."""
+    from .tensor import Tensor, _torch_to_numpy
+    if isinstance(x, Tensor):
+        return x.numpy()
+    if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
+        return _torch_to_numpy(x)
+    return np.asarray(x)
+
+
+def _stack(items, name, path=""):
+    """The observations ``items`` (each an array, Tensor or number, or a
+    tuple/list/dict of them, all alike) stacked into one batch along a new
+    first axis, with the observations' structure; Tensor observations give
+    a Tensor batch on their device."""
+    from .tensor import Tensor, transfer
+    first = items[0]
+    where = f"the observations of {name}{path}"
+    if isinstance(first, dict):
+        keys = list(first)
+        for it in items:
+            if not isinstance(it, dict) or list(it) != keys:
+                raise ShapeError(f"DataLoader: {where} differ in structure (a dict with keys {keys} and "
+                                 f"{list(it) if isinstance(it, dict) else type(it).__name__}); every observation "
+                                 "must have the same structure to be stacked into a batch")
+        return type(first)((k, _stack([it[k] for it in items], name, f"{path}[{k!r}]")) for k in keys)
+    if isinstance(first, tuple) or isinstance(first, list) and not all(_is_number(v) for v in first):
+        for it in items:
+            if not isinstance(it, (tuple, list)) or len(it) != len(first):
+                raise ShapeError(f"DataLoader: {where} differ in structure (a {type(first).__name__} of "
+                                 f"{len(first)} and {_describe(it)}); every observation must have the same "
+                                 "structure to be stacked into a batch")
+        fields = [_stack([it[j] for it in items], name, f"{path}[{j}]") for j in range(len(first))]
+        return type(first)(*fields) if hasattr(first, "_fields") else tuple(fields)
+    if all(_is_number(v) for v in items):
+        return _numbers(items)
+    arrays = [_numbers(v) if isinstance(v, list) else _observation(v) for v in items]
+    shapes = {a.shape for a in arrays}
+    if len(shapes) > 1:
+        raise ShapeError(f"DataLoader: {where} have different shapes ({', '.join(map(str, sorted(shapes)))}); "
+                         "a batch stacks them, so they must agree: pad or crop them to one shape in "
+                         "__getitem__, or use batchsize=1")
+    batch = np.stack(arrays)
+    return transfer(Tensor._from_numpy(batch), first.device) if isinstance(first, Tensor) else batch
+
+
+def _describe(x):
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)}"
+    return f"a {type(x).__name__}"
+
+
+class _ContainerReader:
+    """Reads the batches of one data container during one epoch. The first
+    batch decides how: ``container[indices]`` when that gives a batch,
+    else ``container[i]`` for each index, stacked; a container with torch's
+    ``__getitems__(indices)`` gives a list of observations, stacked."""
+
+    def __init__(self, container, path, maps=()):
+        self.container, self.maps = container, maps
+        self.name = f"{path} (a {type(container).__name__})" if path != "data" else type(container).__name__
+        self.read = self._getitems if hasattr(type(container), "__getitems__") else None
+
+    def __call__(self, idx):
+        rows = np.arange(idx.start, idx.stop) if isinstance(idx, slice) else np.asarray(idx)
+        batch = self.read(rows) if self.read is not None else self._first(rows)
+        for f in self.maps:
+            batch = f(batch)
+        return batch
+
+    def _batch(self, rows):
+        return _as_batch(self.container[rows], len(rows), self.name)
+
+    def _items(self, rows):
+        c = self.container
+        return _stack([c[int(i)] for i in rows], self.name)
+
+    def _getitems(self, rows):
+        obs = list(self.container.__getitems__(rows.tolist()))
+        if len(obs) != len(rows):
+            raise ShapeError(f"DataLoader: {self.name}.__getitems__ returned {len(obs)} observations for "
+                             f"{len(rows)} indices; it must return one observation per index, in order")
+        return _stack(obs, self.name)
+
+    def _first(self, rows):
+        # Probe with at least two indices: an int-only ``__getitem__`` may
+        # accept a one-element array (``int(i)``) and give one observation.
+        probe = rows if len(rows) > 1 else np.repeat(rows, 2)
+        try:
+            out = self.container[probe]
+        except (TypeError, IndexError, KeyError, ValueError) as e:   # a container of single observations
+            as_batch = e
+        else:
+            self.read = self._batch
+            batch = _as_batch(out, len(probe), self.name)
+            return batch if probe is rows else self._batch(rows)
+        try:
+            batch = self._items(rows)
+        except Exception as as_items:
+            raise ShapeError(
+                f"DataLoader: cannot read a batch of {len(rows)} observations from {self.name}: "
+                f"{self.name}[indices] (an array of indices) gave {type(as_batch).__name__}: {as_batch}; and "
+                f"{self.name}[i] (one int index at a time) gave {type(as_items).__name__}: {as_items}. "
+                f"{_PROTOCOL[0].upper()}{_PROTOCOL[1:]}.") from as_items
+        self.read = self._items
+        return batch
 
 
 class DataLoader:
-    """Iterate over ``data`` (an array, Tensor, tuple/list or dict of them,
-    nested freely) in batches of ``batchsize`` along the first axis.
+    """Iterate over ``data`` in batches of ``batchsize`` along the first axis.
+    ``data`` is an array or Tensor, a data container (any object with
+    ``__len__`` and ``__getitem__`` taking an array of indices, or one int:
+    see the module docstring; ``DistributedDataContainer`` is one), or a
+    tuple/list/dict of them, nested freely.
 
     ``shuffle`` reshuffles every epoch with ``rng`` (a NumPy Generator or a
     seed; the same seed gives the same order); ``partial=False`` drops a last
     batch smaller than ``batchsize``. ``len(loader)`` is the number of
     batches. Without a device, NumPy arrays give NumPy batches and Tensors
     give Tensor batches on their own device (device data is read to the host
-    once per epoch). Moved to a device (``gpu(loader)``, ``device(loader)``), it
+    once per epoch); a container's batches come as its ``__getitem__`` gives
+    them. Moved to a device (``gpu(loader)``, ``device(loader)``), it
     yields batches on that device, prefetching the next one while the
     current one is used (see the module docstring).
     """
@@ -70,25 +318,16 @@ class DataLoader:
                  f64_to_f32=False):
         if int(batchsize) < 1:
             raise ValueError(f"DataLoader: batchsize must be >= 1, got {batchsize}")
-        self.data = data
+        self._kinds = [type(x).__name__ for _, x in _walk(data) if _is_container(x)]   # for repr
+        self.data = _arrays_behind(data)
         self.batchsize = int(batchsize)
         self.shuffle = bool(shuffle)
         self.partial = bool(partial)
         self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         self.device = device
         self._f64_to_f32 = f64_to_f32
-        self.nobs = self._check(data)
-
-    def _check(self, data):
-        items = _walk(data)
-        if not items:
-            raise ShapeError("DataLoader: the data holds no arrays (an empty tuple, list or dict)")
-        ns = {path: _nobs(x, path) for path, x in items}
-        if len(set(ns.values())) > 1:
-            detail = ", ".join(f"{p} has {n}" for p, n in ns.items())
-            raise ShapeError(f"DataLoader: the arrays have different numbers of observations ({detail}); "
-                             "they must agree on the first axis (the batch axis)")
-        return next(iter(ns.values()))
+        self._batch_maps = ()     # applied to each batch a container gives (``_converted``)
+        self.nobs = _count_observations(self.data)
 
     def __len__(self):
         full, rest = divmod(self.nobs, self.batchsize)
@@ -96,15 +335,18 @@ class DataLoader:
 
     # --- batches on the host ---------------------------------------------------------------
     def _host_data(self):
-        """The data with every leaf as a NumPy array (device Tensors copied
-        to the host once per epoch, not once per batch)."""
+        """The data with every array leaf as a NumPy array (device Tensors
+        copied to the host once per epoch, not once per batch) and every
+        data container as a reader of its batches."""
         from .tensor import Tensor
 
-        def host(x):
+        def host(x, path):
             if isinstance(x, Tensor):
                 return x._data if x.device.is_cpu else x.numpy()
+            if _is_container(x):
+                return _ContainerReader(x, path, self._batch_maps)
             return x if isinstance(x, np.ndarray) else np.asarray(x)
-        return _rebuild(self.data, host)
+        return _rebuild_paths(self.data, host)
 
     def _indices(self):
         """One index selection per batch: slices without shuffling (views),
@@ -115,8 +357,20 @@ class DataLoader:
             yield order[lo:hi] if order is not None else slice(lo, hi)
 
     @staticmethod
-    def _host_batch(host, idx):
-        return _rebuild(host, lambda a: a[idx])
+    def _host_batch(host, idx, homes=None):
+        """Batch ``idx`` of the host data: each array's rows (placed back on
+        the device ``homes[k]`` of the ``k``-th leaf, where given) and each
+        container's batch."""
+        from .tensor import Tensor, transfer
+        home = iter(homes) if homes is not None else None
+
+        def leaf(a):
+            dev = next(home) if home is not None else None
+            if isinstance(a, _ContainerReader):
+                return a(idx)
+            rows = a[idx]
+            return rows if dev is None else transfer(Tensor._from_numpy(rows), dev)
+        return _rebuild(host, leaf)
 
     def __iter__(self):
         host = self._host_data()
@@ -126,20 +380,21 @@ class DataLoader:
             # leaves give Tensor batches on the Tensor's device
             from .tensor import Tensor
             homes = [x.device if isinstance(x, Tensor) else None for _, x in _walk(self.data)]
+            homes = homes if any(h is not None for h in homes) else None
             for idx in indices:
-                batch = self._host_batch(host, idx)
-                if any(h is not None for h in homes):
-                    batch = _place(batch, homes)
-                yield batch
+                yield self._host_batch(host, idx, homes)
             return
         stager = _stager_for(self.device, self._f64_to_f32)
+        # Arrays only: the stager gathers each batch itself (on a GPU straight
+        # into pinned memory). With containers the batch is read first.
+        read_first = any(isinstance(a, _ContainerReader) for _, a in _walk(host))
         # One ahead: batch k+1 is staged before batch k is handed out. The
         # handed-out batch is not kept in a local (it goes from ``box`` straight
         # to the caller), so the loader holds only the next batch while the
         # caller works, and never more than two.
         box = []
         for idx in indices:
-            staged = _stage(stager, host, idx)
+            staged = _stage(stager, self._host_batch(host, idx), None) if read_first else _stage(stager, host, idx)
             if box:
                 yield stager.ready(box.pop())
             box.append(staged)
@@ -155,10 +410,29 @@ class DataLoader:
         new._f64_to_f32 = f64_to_f32
         return new
 
+    def _converted(self, f):
+        """The same loader with ``f`` (a function of a structure of arrays,
+        such as ``f16``) applied to its arrays, and to each batch that a
+        data container gives (a container's data cannot be converted)."""
+        new = DataLoader.__new__(DataLoader)
+        new.__dict__.update(self.__dict__)
+        new.data = f(self.data)
+        if any(_is_container(x) for _, x in _walk(self.data)):
+            new._batch_maps = self._batch_maps + (f,)
+        return new
+
     def __repr__(self):
         dev = f", device={self.device!r}" if self.device is not None else ""
-        return (f"DataLoader({self.nobs} observations, batchsize={self.batchsize}, "
+        of = f" of {', '.join(self._kinds)}" if self._kinds else ""
+        return (f"DataLoader({self.nobs} observations{of}, batchsize={self.batchsize}, "
                 f"shuffle={self.shuffle}, partial={self.partial}{dev})  # {len(self)} batches")
+
+
+def _rows(a, idx):
+    """How many rows of ``a`` batch ``idx`` takes (all of them for ``None``)."""
+    if idx is None:
+        return int(a.shape[0])
+    return len(range(*idx.indices(a.shape[0]))) if isinstance(idx, slice) else len(idx)
 
 
 def _stage(stager, host, idx):
@@ -170,26 +444,10 @@ def _stage(stager, host, idx):
         from .triton_kernels import common
         if not common._is_oom(e):
             raise
-        nbytes = sum(a[idx].nbytes if isinstance(idx, slice) else a.dtype.itemsize * len(idx) *
-                     int(np.prod(a.shape[1:])) for _, a in _walk(host))
+        leaves = [a for _, a in _walk(host)]
+        nbytes = sum(np.dtype(a.dtype).itemsize * _rows(a, idx) * int(np.prod(a.shape[1:])) for a in leaves)
         raise common.out_of_memory(e, device=getattr(stager.device, "torch_device", None), asked=nbytes,
-                                   purpose=f"a DataLoader batch of {_nrows(idx)} observations") from None
-
-
-def _nrows(idx):
-    return idx.stop - idx.start if isinstance(idx, slice) else len(idx)
-
-
-def _place(batch, homes):
-    """``batch`` with its ``k``-th leaf (in ``_walk`` order) moved to device
-    ``homes[k]`` (left as NumPy where ``None``)."""
-    from .tensor import Tensor, transfer
-    it = iter(homes)
-
-    def leaf(a):
-        home = next(it)
-        return a if home is None else transfer(Tensor._from_numpy(a), home)
-    return _rebuild(batch, leaf)
+                                   purpose=f"a DataLoader batch of {_rows(leaves[0], idx)} observations") from None
 
 
 # --- staging batches on a device -----------------------------------------------------------------
@@ -202,9 +460,11 @@ class _Stager:
         self.device, self.f64_to_f32 = device, f64_to_f32
 
     def stage(self, host, idx):
-        """Start moving batch ``idx``; returns a handle for ``ready``."""
+        """Start moving batch ``idx`` of ``host`` (``host`` itself, a batch
+        already read, for ``None``); returns a handle for ``ready``."""
         from .devices import move
-        return move(DataLoader._host_batch(host, idx), self.device, f64_to_f32=self.f64_to_f32)
+        batch = host if idx is None else DataLoader._host_batch(host, idx)
+        return move(batch, self.device, f64_to_f32=self.f64_to_f32)
 
     def ready(self, staged):
         """The batch, safe to use on the current stream."""
@@ -226,21 +486,24 @@ class _CudaStager(_Stager):
         from . import dtypes as _dt
         from .tensor import Tensor
         torch = self.torch
+        if isinstance(a, Tensor):    # from a container: kept if already here, else through the host
+            if a.device == self.device and not (self.f64_to_f32 and a.dtype == np.float64):
+                return a
+            a = a.numpy()
         if self.f64_to_f32 and a.dtype == np.float64:
             dtype = np.dtype(np.float32)
         else:
             dtype = a.dtype
         bf16 = _dt.is_bfloat16(dtype)
         tdtype = torch.int16 if bf16 else _dt.to_torch(dtype)  # DTypeError for unsupported dtypes
-        shape = (len(range(*idx.indices(a.shape[0]))) if isinstance(idx, slice) else len(idx),) + a.shape[1:]
-        buf = torch.empty(shape, dtype=tdtype, pin_memory=True)
+        buf = torch.empty((_rows(a, idx),) + a.shape[1:], dtype=tdtype, pin_memory=True)
         view = buf.numpy()
         if bf16:
             view = view.view(dtype)
-        if not isinstance(idx, slice) and a.dtype == dtype:
+        if idx is not None and not isinstance(idx, slice) and a.dtype == dtype:
             np.take(a, idx, axis=0, out=view)      # gather straight into pinned memory
         else:
-            view[...] = a[idx]                      # one copy (and the float64 -> float32 cast)
+            view[...] = a if idx is None else a[idx]   # one copy (and the float64 -> float32 cast)
         pinned.append(buf)
         dev = buf.to(self.tdev, non_blocking=True)  # on the copy stream (the caller's `with`)
         if bf16:

@@ -9,11 +9,8 @@ from .tensor import Tensor
 
 def _convert(x, dtype):
     from .data import DataLoader
-    if isinstance(x, DataLoader):   # the same loader over converted data
-        new = DataLoader.__new__(DataLoader)
-        new.__dict__.update(x.__dict__)
-        new.data = _convert(x.data, dtype)
-        return new
+    if isinstance(x, DataLoader):   # the same loader over converted data (and container batches)
+        return x._converted(lambda d: _convert(d, dtype))
 
     def leaf(a):
         if isinstance(a, Tensor):

@@ -9,7 +9,7 @@
     model = dist.synchronize(backend, dist.FluxDistributedModel(model))
     data = dist.DistributedDataContainer(backend, (x, y))
     opt_state = dist.synchronize(backend, tf.setup(dist.DistributedOptimizer(backend, tf.Adam(1e-3)), model))
-    for xb, yb in data.loader(32):
+    for xb, yb in tf.DataLoader(data, batchsize=32, shuffle=True):
         loss, (g,) = tf.withgradient(lambda m: tf.losses.mse(m(xb), yb), model)
         tf.update(opt_state, model, g)
 
