@@ -13,6 +13,8 @@ Hypothesis profiles (``HYPOTHESIS_PROFILE``, default ``ci``):
 * ``ci``: derandomised (the same examples every run, no example database),
   no deadline, 8 examples per property test, no shrinking: the whole suite in
   minutes on two cores in the interpreter.
+* ``newest``: ``ci`` with 4 examples, for the kernel suite's second run on
+  the newest accepted Triton (``make test-newest``).
 * ``dev``: random, 25 examples: for local runs that should find new cases.
 * ``gpu``: 100 examples: for runs on a real GPU, where kernels are fast.
 """
@@ -42,6 +44,11 @@ settings.register_profile(
     # attrs and layouts). `HYPOTHESIS_PROFILE=dev` shrinks to a minimal case.
     phases=(Phase.explicit, Phase.reuse, Phase.generate),
 )
+# `make test-newest`: the kernel suite again on the newest Triton the package
+# accepts (Makefile). A Triton release breaks a construct on the first launch
+# of the kernel specialization that uses it, so fewer examples of the same
+# derandomised draws suffice (each dtype is its own test).
+settings.register_profile("newest", parent=settings.get_profile("ci"), max_examples=4)
 settings.register_profile(
     "dev",
     deadline=None,
@@ -57,6 +64,36 @@ settings.register_profile(
     print_blob=True,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def _gpu_faithful_min_max():
+    """Make the interpreter's plain (non-NaN-propagating) float minimum,
+    maximum and clamp drop NaN as PTX ``min.f32``/``max.f32`` do on a GPU, so
+    that a kernel using a plain ``tl.minimum`` where NaN matters (elu(NaN) = 0
+    on a GPU) fails the property suite here too. Triton 3.9's interpreter
+    already does this (np.fmin/np.fmax); Triton 3.6's used np.minimum, which
+    keeps NaN and hid the difference (issue 12). The NaN-propagating forms
+    (``propagate_nan=tl.PropagateNan.ALL``) keep np.minimum/np.maximum."""
+    import numpy as np
+    from triton.runtime import interpreter as ti   # (TRITON_INTERPRET is set above)
+    builder = ti.InterpreterBuilder
+    builder.create_minnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmin)
+    builder.create_maxnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmax)
+
+    def create_clampf(self, arg, lo, hi, propagate_nans):
+        if propagate_nans == ti._ir.PROPAGATE_NAN.NONE:
+            return self.binary_op(self.binary_op(arg, lo, np.fmax), hi, np.fmin)
+        return self.ternary_op(arg, lo, hi, np.clip)
+    builder.create_clampf = create_clampf
+
+
+if not REAL_GPU and backend.has_module("triton"):
+    try:
+        _gpu_faithful_min_max()
+    except (ImportError, AttributeError) as e:   # a Triton whose interpreter is laid out otherwise
+        import warnings
+        warnings.warn(f"could not make the Triton interpreter's min/max GPU-faithful ({e}); "
+                      "tests/test_compiled_nan.py still checks the compiled code")
 
 
 def kernels_status():

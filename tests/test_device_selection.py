@@ -105,6 +105,16 @@ def test_interpreter_serves_virtual_cuda_devices():
     assert "virtual device 2" in backend.visible_devices(f)[0][1]
 
 
+def test_interpreter_refuses_a_numpy_its_triton_cannot_run_on():
+    """Triton 3.6's interpreter fails with NumPy 2.4 deep inside a launch:
+    detection says so, with the fix, instead (setup.cfg accepts both ends)."""
+    ok, why = st("CUDA", INTERP, triton_version="3.6.0", numpy_version="2.4.6")
+    assert not ok and "Triton 3.6.0's interpreter fails with NumPy 2.4.6" in why and "numpy<2.4" in why
+    assert st("CUDA", INTERP, triton_version="3.6.0", numpy_version="2.3.5")[0]
+    assert st("CUDA", INTERP, triton_version="3.9.0", numpy_version="2.4.6")[0]
+    assert st("CUDA", CUDA_BUILD, triton_version="3.6.0", numpy_version="2.4.6")[0]   # compiled kernels: fine
+
+
 def test_unknown_backend_names_the_valid_ones():
     with pytest.raises(ValueError, match="CUDA, AMDGPU, Metal, CPU"):
         status_from("TPU", CUDA_BUILD)

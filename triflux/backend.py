@@ -115,12 +115,14 @@ class Facts:
     interpreter: bool = False                # TRITON_INTERPRET=1
     cuda_visible_devices: Optional[str] = None   # the raw value, None when unset
     interpreter_devices: Optional[str] = None    # raw TRIFLUX_INTERPRETER_DEVICES, None when unset
+    numpy_version: Optional[str] = None      # numpy.__version__ (the interpreter runs on NumPy)
 
 
 def read_facts():
     """Read the facts of this process (imports torch and triton if present)."""
     env = os.environ
-    kw = dict(interpreter=interpreter_on(),
+    import numpy
+    kw = dict(interpreter=interpreter_on(), numpy_version=numpy.__version__,
               cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
               interpreter_devices=env.get(INTERPRETER_DEVICES_VAR))
     tm = _import("torch")
@@ -196,6 +198,18 @@ def visible_devices(f=None):
         [(None, "?")] * max(0, f.device_count - len(f.device_names))
 
 
+def _interpreter_numpy_clash(triton_version, numpy_version):
+    """Whether this Triton's interpreter is known not to run on this NumPy:
+    Triton 3.6 with NumPy 2.4 or newer (setup.cfg's range allows both ends)."""
+    def minor(v):
+        try:
+            return tuple(int(p) for p in str(v).split(".")[:2])
+        except ValueError:
+            return None
+    t, n = minor(triton_version), minor(numpy_version)
+    return t is not None and n is not None and t <= (3, 6) and n >= (2, 4)
+
+
 def status_from(backend, f):
     """``(functional, reason)`` for ``backend`` given the facts ``f``: the
     detection logic, with no I/O."""
@@ -223,6 +237,10 @@ def status_from(backend, f):
             why = (f"{INTERPRETER_DEVICES_VAR}=0" if n == 0 else
                    f"CUDA_VISIBLE_DEVICES={cvd!r} selects none of the {n} virtual device(s)")
             return False, f"TRITON_INTERPRET=1 but no virtual device is visible: {why}"
+        if _interpreter_numpy_clash(f.triton_version, f.numpy_version):
+            return False, (f"TRITON_INTERPRET=1, but Triton {f.triton_version}'s interpreter fails with NumPy "
+                           f"{f.numpy_version} (it converts 1-element arrays with int(), which NumPy 2.4 refuses): "
+                           "install `numpy<2.4`, or Triton 3.9")
         return True, (f"TRITON_INTERPRET=1: the Triton interpreter runs the kernels on the CPU "
                       f"({len(visible)} virtual device(s))")
     if f.torch_error and f.torch_error.startswith("torch.cuda failed"):

@@ -80,12 +80,17 @@ def _dot(a, b, F64: tl.constexpr):
 @triton.jit
 def _hprev(hs, h0, rn, t, rk, N, L, H, W, sh0n, sh0k, COL: tl.constexpr):
     """(BN, BK) block of the previous state, columns rk: the state buffer's
-    step t-1 (column offset COL*H: 0 for h, 1 for an LSTM's c), or h0/c0 at t = 0."""
+    step t-1 (column offset COL*H: 0 for h, 1 for an LSTM's c), or h0/c0 at t = 0.
+
+    Step conditions on the scalar t are branches, never parts of a load mask:
+    Triton 3.9's interpreter rejects a mask that broadcasts a scalar
+    comparison ("mask has unsupported dtype"), and a branch loads once."""
     m = (rn < N)[:, None] & (rk < H)[None, :]
-    cur = tl.load(hs + rn[:, None] * L * W + (t - 1) * W + COL * H + rk[None, :],
-                  mask=m & (t > 0), other=0.0)
-    ini = tl.load(h0 + rn[:, None] * sh0n + rk[None, :] * sh0k, mask=m & (t == 0), other=0.0)
-    return cur.to(hs.dtype.element_ty) + ini.to(hs.dtype.element_ty)
+    if t > 0:
+        prev = tl.load(hs + rn[:, None] * L * W + (t - 1) * W + COL * H + rk[None, :], mask=m, other=0.0)
+    else:
+        prev = tl.load(h0 + rn[:, None] * sh0n + rk[None, :] * sh0k, mask=m, other=0.0).to(hs.dtype.element_ty)
+    return prev
 
 
 @triton.jit
@@ -198,13 +203,14 @@ def _dg_whh(dgh, rn, t, ok, rj, N, L, H, GH, whh, swr, swk,
     """dAh_t @ w_hh for the block (BN, BJ): the gradient reaching h_{t-1}
     (zero unless ``ok``: there is no step t)."""
     acc = tl.zeros((BN, BJ), dtype=dgh.dtype.element_ty)
-    for k0 in range(0, GH, BK):
-        rk = k0 + tl.arange(0, BK)
-        d = tl.load(dgh + rn[:, None] * L * GH + t * GH + rk[None, :],
-                    mask=(rn < N)[:, None] & (rk < GH)[None, :] & ok, other=0.0)
-        w = tl.load(whh + rk[:, None] * swr + rj[None, :] * swk,
-                    mask=(rk < GH)[:, None] & (rj < H)[None, :], other=0.0)
-        acc += _dot(d, w.to(dgh.dtype.element_ty), F64)
+    if ok:                       # a branch, not a mask term (see _hprev)
+        for k0 in range(0, GH, BK):
+            rk = k0 + tl.arange(0, BK)
+            d = tl.load(dgh + rn[:, None] * L * GH + t * GH + rk[None, :],
+                        mask=(rn < N)[:, None] & (rk < GH)[None, :], other=0.0)
+            w = tl.load(whh + rk[:, None] * swr + rj[None, :] * swk,
+                        mask=(rk < GH)[:, None] & (rj < H)[None, :], other=0.0)
+            acc += _dot(d, w.to(dgh.dtype.element_ty), F64)
     return acc
 
 
@@ -233,7 +239,9 @@ def _backward_kernel(xp, h0, c0, whh, bih, bhh, hs, grad, dgi, dgh, carry, dh0, 
             dh = tl.load(gptr, mask=m, other=0.0).to(CT)
             dh += _dg_whh(dgh, rn, t + 1, t < L - 1, rj, N, L, H, GH, whh, swr, swk, BN, BJ, BK, F64)
             cptr = carry + rn[:, None] * H + rj[None, :]
-            cin = tl.load(cptr, mask=m & (t < L - 1), other=0.0)
+            cin = tl.zeros((BN, BJ), dtype=carry.dtype.element_ty)
+            if t < L - 1:            # the carry from step t+1 (a branch: see _hprev)
+                cin = tl.load(cptr, mask=m, other=0.0)
             di = dgi + rn[:, None] * L * GH + t * GH + rj[None, :]
             dhh = dgh + rn[:, None] * L * GH + t * GH + rj[None, :]
             if CELL == 0:
