@@ -26,11 +26,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import DTypeError, ShapeError
-
-
-def _compute_dtype(dtype):
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype.itemsize == 2 else dtype
+from ._util import in_compute_dtype
 
 
 def _out_side(n, lo, hi, k, s, d):
@@ -142,11 +138,6 @@ def _conv2d_weight_grad(x, g, w_shape, stride, padding, dilation, groups):
     return dw.reshape(O, Cg, kh, kw)
 
 
-def _prepared(*arrays):
-    ct = _compute_dtype(arrays[0].dtype)
-    return [np.asarray(a).astype(ct, copy=False) for a in arrays]
-
-
 def conv2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
     """y = conv2d(x, w): the cross-correlation of the module docstring,
     ``y[n, o, p, q] = sum_{c, i, j} xp[n, c, p*sh + i*dh, q*sw + j*dw] * w[o, c, i, j]``
@@ -154,7 +145,7 @@ def conv2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), g
     _check(x, w, groups)
     if x.shape[1] // groups != w.shape[1]:
         raise ShapeError(f"conv2d: w {w.shape} needs C/groups = {x.shape[1] // groups} input channels")
-    xc, wc = _prepared(x, w)
+    xc, wc = in_compute_dtype(x, w)
     return _conv2d(xc, wc, stride, padding, dilation, groups).astype(x.dtype, copy=False)
 
 
@@ -165,7 +156,7 @@ def conv2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilati
                          (conv_transpose2d(G, w), the "full" correlation with the flipped kernel)
         dw[o, c', i, j] = sum_{n, p, q} G[n, o, p, q] xp[n, c, p*sh + i*dh, q*sw + j*dw]
     """
-    gc, xc, wc = _prepared(grad, x, w)
+    gc, xc, wc = in_compute_dtype(grad, x, w)
     dx = _conv2d_input_grad(gc, wc, x.shape, stride, padding, dilation, groups)
     dw = _conv2d_weight_grad(xc, gc, w.shape, stride, padding, dilation, groups)
     return dx.astype(x.dtype, copy=False), dw.astype(w.dtype, copy=False)
@@ -175,9 +166,10 @@ def _transpose_out_shape(x, w, stride, padding, output_padding, dilation, groups
     N, Cin, H, W = x.shape
     _, Og, kh, kw = w.shape
     (sh, sw), (pt, pb, pl, pr), (dh, dw), (oph, opw) = stride, padding, dilation, output_padding
-    if not (0 <= oph < sh and 0 <= opw < sw):
+    # torch's rule: each side of output_padding below its stride or its dilation
+    if not (0 <= oph < max(sh, dh) and 0 <= opw < max(sw, dw)):
         raise ShapeError(f"conv_transpose2d: output_padding {output_padding} must be smaller than "
-                         f"the stride {stride}")
+                         f"the stride {stride} or the dilation {dilation} on each axis")
     Ho = (H - 1) * sh - pt - pb + dh * (kh - 1) + oph + 1
     Wo = (W - 1) * sw - pl - pr + dw * (kw - 1) + opw + 1
     if Ho < 1 or Wo < 1:
@@ -194,12 +186,13 @@ def conv_transpose2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), output_p
         y = dL/dz of z = conv2d(u, w) at dL/dz = x, for u of shape (N, O, Ho, Wo),
         Ho = (H - 1)*sh - top - bottom + dh*(kh - 1) + output_padding_h + 1.
 
-    output_padding (< stride) adds rows/columns at the bottom/right, as torch."""
+    output_padding (below the stride or the dilation) adds rows/columns at the
+    bottom/right, as torch."""
     _check(x, w, groups)
     if x.shape[1] != w.shape[0]:
         raise ShapeError(f"conv_transpose2d: w {w.shape} needs {x.shape[1]} input channels first")
     shape = _transpose_out_shape(x, w, stride, padding, output_padding, dilation, groups)
-    xc, wc = _prepared(x, w)
+    xc, wc = in_compute_dtype(x, w)
     y = _conv2d_input_grad(xc, wc, shape, stride, padding, dilation, groups)
     return np.ascontiguousarray(y).astype(x.dtype, copy=False)
 
@@ -212,8 +205,15 @@ def conv_transpose2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 
         dw = conv2d's weight gradient with input G and output gradient x:
         dw[c, o', i, j] = sum_{n, p, q} x[n, c, p, q] Gp[n, o, p*sh + i*dh, q*sw + j*dw]
     """
-    gc, xc, wc = _prepared(grad, x, w)
-    dx = _conv2d(gc, wc, stride, padding, dilation, groups)
+    gc, xc, wc = in_compute_dtype(grad, x, w)
+    # An output_padding of a stride or more (allowed below the dilation) adds whole
+    # rows/columns that no input position reaches: conv2d(G) then has floor(op / s)
+    # extra positions, which are cut off (dx) or met by zero gradients (dw).
+    H, W = x.shape[2:]
+    dx = _conv2d(gc, wc, stride, padding, dilation, groups)[:, :, :H, :W]
+    extra = (output_padding[0] // stride[0], output_padding[1] // stride[1])
+    if extra != (0, 0):
+        xc = np.pad(xc, ((0, 0), (0, 0), (0, extra[0]), (0, extra[1])))
     dw = _conv2d_weight_grad(gc, xc, w.shape, stride, padding, dilation, groups)
     return dx.astype(x.dtype, copy=False), dw.astype(w.dtype, copy=False)
 
@@ -222,11 +222,6 @@ def conv_transpose2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 
 
 #: the activations whose derivative is a function of the output y alone
 BIAS_ACTIVATIONS = ("identity", "relu", "sigmoid", "tanh")
-
-
-def _bias_act_compute_dtype(dtype):
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype.itemsize == 2 else dtype
 
 
 def _check_bias_act(x, w, b, activation):
@@ -255,10 +250,10 @@ def _activate(z, activation):
 
 
 def _activation_derivative(y, activation):
-    """act'(z) written in y = act(z): identity 1; relu [y > 0] (relu'(0) = 0,
-    as torch); sigmoid y (1 - y); tanh 1 - y^2."""
+    """act'(z) written in y = act(z): identity 1; relu [not y <= 0] (relu'(0) = 0
+    and 1 at NaN, as torch's threshold_backward); sigmoid y (1 - y); tanh 1 - y^2."""
     if activation == "relu":
-        return (y > 0).astype(y.dtype)
+        return np.where(y <= 0, 0, 1).astype(y.dtype)
     if activation == "sigmoid":
         return y * (1 - y)
     if activation == "tanh":
@@ -277,8 +272,7 @@ def conv2d_bias_act_forward(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilati
     the backward needs only the output. Computed in float32 for half-precision
     inputs and rounded once; output (N, O, Ho, Wo) in x's dtype."""
     _check_bias_act(x, w, b, activation)
-    ct = _bias_act_compute_dtype(np.asarray(x).dtype)
-    xc, wc, bc = (np.asarray(a).astype(ct, copy=False) for a in (x, w, b))
+    xc, wc, bc = in_compute_dtype(x, w, b)
     z = conv2d_forward(xc, wc, stride=stride, padding=padding, dilation=dilation, groups=groups)
     z = z + bc.reshape(1, -1, 1, 1)
     return _activate(z, activation).astype(np.asarray(x).dtype, copy=False)
@@ -289,12 +283,11 @@ def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0
     """Adjoint of y = act(conv2d(x, w) + b) with G = dL/dy, from the output y:
 
         gz[n, o, p, q] = G[n, o, p, q] * act'(y[n, o, p, q])
-                         (identity: 1; relu: [y > 0]; sigmoid: y (1 - y); tanh: 1 - y^2)
+                         (identity: 1; relu: [not y <= 0]; sigmoid: y (1 - y); tanh: 1 - y^2)
         db[o]          = sum_{n, p, q} gz[n, o, p, q]
         (dx, dw)       = conv2d's adjoint (conv2d_backward) at the output gradient gz
     """
-    ct = _bias_act_compute_dtype(np.asarray(x).dtype)
-    g, y, xc, wc = (np.asarray(a).astype(ct, copy=False) for a in (grad, out, x, w))
+    xc, wc, g, y = in_compute_dtype(x, w, grad, out)
     gz = g * _activation_derivative(y, activation)
     db = gz.sum(axis=(0, 2, 3))
     dx, dw = conv2d_backward(gz, gz, xc, wc, stride=stride, padding=padding, dilation=dilation, groups=groups)

@@ -14,6 +14,7 @@ overflow or lose the small terms); float32 and float64 stay as they are.
 import numpy as np
 
 from ..errors import ShapeError
+from ._util import in_compute_dtype
 
 
 def _check(x, *per_channel):
@@ -24,13 +25,6 @@ def _check(x, *per_channel):
         if np.shape(v) != (c,):
             raise ShapeError(f"batch norm: per-channel parameters must have shape ({c},), "
                              f"got {np.shape(v)} for x of shape {x.shape}")
-
-
-def _up(*arrays):
-    """The arrays in the compute dtype: float32 for 16-bit floats, else their own."""
-    dt = np.asarray(arrays[0]).dtype
-    ct = np.dtype(np.float32) if dt.itemsize == 2 else dt
-    return [np.asarray(a).astype(ct, copy=False) for a in arrays]
 
 
 def _axes(x):
@@ -52,6 +46,9 @@ def _batch_stats(x):
         z = np.zeros(_per_channel(np.zeros(x.shape[1], x.dtype), x).shape, x.dtype)
         return z, z
     mean = np.mean(x, axis=axes, keepdims=True)
+    # one refinement: the rounding of the first mean (u |mean|) would otherwise
+    # dominate x - mean when the spread is small next to the mean (x ~ 50 +- 1)
+    mean = mean + np.mean(x - mean, axis=axes, keepdims=True)
     var = np.mean((x - mean) ** 2, axis=axes, keepdims=True)
     return mean, var
 
@@ -63,7 +60,7 @@ def batchnorm_train_forward(x, gamma, beta, eps=1e-5):
     """
     _check(x, gamma, beta)
     dtype = x.dtype
-    x, gamma, beta = _up(x, gamma, beta)
+    x, gamma, beta = in_compute_dtype(x, gamma, beta)
     mean, var = _batch_stats(x)
     xhat = (x - mean) / np.sqrt(var + x.dtype.type(eps))
     return (_per_channel(gamma, x) * xhat + _per_channel(beta, x)).astype(dtype)
@@ -80,7 +77,7 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, eps=1e-5):
     """
     _check(x, gamma, beta)
     dtypes = x.dtype, np.asarray(gamma).dtype, np.asarray(beta).dtype
-    x, gamma, beta, g = _up(x, gamma, beta, grad)
+    x, gamma, beta, g = in_compute_dtype(x, gamma, beta, grad)
     axes = _axes(x)
     mean, var = _batch_stats(x)
     istd = 1 / np.sqrt(var + x.dtype.type(eps))
@@ -101,7 +98,7 @@ def batchnorm_test_forward(x, gamma, beta, mean, var, eps=1e-5):
     per-channel ``mean`` and ``var``."""
     _check(x, gamma, beta, mean, var)
     dtype = x.dtype
-    x, gamma, beta, mean, var = _up(x, gamma, beta, mean, var)
+    x, gamma, beta, mean, var = in_compute_dtype(x, gamma, beta, mean, var)
     istd = 1 / np.sqrt(_per_channel(var, x) + x.dtype.type(eps))
     y = _per_channel(gamma, x) * (x - _per_channel(mean, x)) * istd + _per_channel(beta, x)
     return y.astype(dtype)
@@ -115,7 +112,7 @@ def batchnorm_test_backward(grad, out, x, gamma, beta, mean, var, eps=1e-5):
     """
     _check(x, gamma, beta, mean, var)
     dtypes = x.dtype, np.asarray(gamma).dtype, np.asarray(beta).dtype
-    x, gamma, beta, mean, var, g = _up(x, gamma, beta, mean, var, grad)
+    x, gamma, beta, mean, var, g = in_compute_dtype(x, gamma, beta, mean, var, grad)
     axes = _axes(x)
     istd = 1 / np.sqrt(_per_channel(var, x) + x.dtype.type(eps))
     dx = g * _per_channel(gamma, x) * istd

@@ -11,7 +11,10 @@ axis and propagates NaN; its gradient is shared equally among tied maxima
 """
 import numpy as np
 
+from triflux.dtypes import is_floating
 from triflux.errors import ShapeError
+
+from ._util import compute_dtype
 
 
 def _is_float(a):
@@ -28,10 +31,8 @@ def _axis(axis, ndim):
 
 def _acc(dtype):
     """The dtype sums accumulate in."""
-    if dtype.itemsize == 2 and (dtype.kind == "f" or dtype.name == "bfloat16"):
-        return np.dtype(np.float32)
-    if dtype.kind == "f":
-        return dtype
+    if is_floating(dtype):
+        return compute_dtype(dtype)  # float32 for float16/bfloat16
     return np.dtype(np.int64)  # integers and booleans, as NumPy on Linux
 
 
@@ -101,16 +102,20 @@ def max_forward(x, axis=None, keepdims=False):
 
 def max_backward(grad, out, x, axis=None, keepdims=False):
     """dx = g [x == y] / k, k the number of entries equal to the maximum:
-    tied maxima share the gradient equally"""
+    tied maxima share the gradient equally. Computed as (g / k) [x == y], as
+    torch.amax does: where the maximum is NaN (k = 0), every entry gets NaN.
+    Over no axes the max is the identity: dx = g (NaN entries included)."""
     x = np.asarray(x)
     if not _is_float(x):
         return (None,)
     axis = _axis(axis, x.ndim)
+    if not axis:
+        return (np.asarray(grad).astype(x.dtype).reshape(x.shape),)
     acc = _acc(x.dtype)
     y = _keep(out, axis, x.ndim)
     g = _keep(grad, axis, x.ndim).astype(acc)
     is_max = x == y
     k = np.sum(is_max, axis=axis, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
-        dx = np.where(is_max, g / k, np.zeros((), acc))
+        dx = np.asarray((g / k) * is_max)         # (0-d operands give a NumPy scalar)
     return (dx.astype(x.dtype),)

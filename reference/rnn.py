@@ -28,16 +28,7 @@ import numpy as np
 
 from ..dtypes import is_floating
 from ..errors import DTypeError, ShapeError
-
-
-def _ct(dtype):
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype.itemsize == 2 else dtype
-
-
-def _up(*arrays):
-    ct = _ct(np.asarray(arrays[0]).dtype)
-    return [np.asarray(a).astype(ct) for a in arrays]
+from ._util import in_compute_dtype
 
 
 def _sigmoid(v):
@@ -84,7 +75,7 @@ def rnn_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
     _activation(activation)
     _check("rnn_sequence", 1, x, h0, w_ih, w_hh, b_ih, b_hh)
     dtype = np.asarray(x).dtype
-    x, h, w_ih, w_hh, b_ih, b_hh = _up(x, h0, w_ih, w_hh, b_ih, b_hh)
+    x, h, w_ih, w_hh, b_ih, b_hh = in_compute_dtype(x, h0, w_ih, w_hh, b_ih, b_hh)
     n, length, _ = x.shape
     y = np.zeros((n, length, h.shape[1]), dtype=x.dtype)
     xa = _project(x, w_ih, b_ih + b_hh)          # the input side of every step at once
@@ -105,7 +96,7 @@ def rnn_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh, activation="
     """
     _check("rnn_sequence", 1, x, h0, w_ih, w_hh, b_ih, b_hh)
     dtype = np.asarray(x).dtype
-    grad, out, x, h0, w_ih, w_hh, b_ih, b_hh = _up(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh)
+    grad, out, x, h0, w_ih, w_hh, b_ih, b_hh = in_compute_dtype(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh)
     n, length, _ = x.shape
     hprev = np.concatenate([h0[:, None], out[:, :-1]], axis=1) if length else out
     da = np.zeros_like(out)
@@ -152,7 +143,7 @@ def lstm_sequence_forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     """
     hs = _check("lstm_sequence", 4, x, h0, w_ih, w_hh, b_ih, b_hh, c0=c0)
     dtype = np.asarray(x).dtype
-    x, h, c, w_ih, w_hh, b_ih, b_hh = _up(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    x, h, c, w_ih, w_hh, b_ih, b_hh = in_compute_dtype(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     n, length, _ = x.shape
     y = np.zeros((n, length, 2 * hs), dtype=x.dtype)
     xa = _project(x, w_ih, b_ih + b_hh)          # the input side of every step at once
@@ -185,7 +176,7 @@ def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     """
     _check("lstm_sequence", 4, x, h0, w_ih, w_hh, b_ih, b_hh, c0=c0)
     dtype = np.asarray(x).dtype
-    grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh = _up(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh = in_compute_dtype(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh)
     n, length, _ = x.shape
     hs = h0.shape[1]
     hseq, cseq = out[:, :, :hs], out[:, :, hs:]
@@ -224,7 +215,7 @@ def gru_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh):
     """
     hs = _check("gru_sequence", 3, x, h0, w_ih, w_hh, b_ih, b_hh)
     dtype = np.asarray(x).dtype
-    x, h, w_ih, w_hh, b_ih, b_hh = _up(x, h0, w_ih, w_hh, b_ih, b_hh)
+    x, h, w_ih, w_hh, b_ih, b_hh = in_compute_dtype(x, h0, w_ih, w_hh, b_ih, b_hh)
     n, length, _ = x.shape
     y = np.zeros((n, length, hs), dtype=x.dtype)
     xa = _project(x, w_ih, b_ih)                 # the input side of every step at once
@@ -258,7 +249,7 @@ def gru_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh):
     """
     _check("gru_sequence", 3, x, h0, w_ih, w_hh, b_ih, b_hh)
     dtype = np.asarray(x).dtype
-    grad, out, x, h0, w_ih, w_hh, b_ih, b_hh = _up(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh)
+    grad, out, x, h0, w_ih, w_hh, b_ih, b_hh = in_compute_dtype(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh)
     n, length, _ = x.shape
     hs = h0.shape[1]
     hprev = np.concatenate([h0[:, None], out[:, :-1]], axis=1) if length else out

@@ -5,11 +5,14 @@ numerically stable: the row maximum ``m`` is subtracted before ``exp``, so
 logits of +-1e4 give exact results. ``-inf`` entries are allowed (masking):
 they get probability 0. A row that is entirely ``-inf`` has no distribution;
 as in torch, ``softmax``/``logsoftmax`` give NaN there and ``logsumexp``
-gives ``-inf``.
+gives ``-inf``. float16/bfloat16 compute in float32 and round once (the
+row sums included), as the kernels do. A row holding ``+inf`` gives NaN from ``softmax``/``logsoftmax``
+(``inf - inf``) and ``+inf`` from ``logsumexp``; a row holding NaN gives NaN.
 """
 import numpy as np
 
 from ..errors import ShapeError
+from ._util import in_compute_dtype
 
 
 def _axis(x, axis):
@@ -26,11 +29,13 @@ def _axis(x, axis):
     return axis % nd
 
 
-def _row_max(x, axis):
+def _row_max(x, axis, infinite_to_zero=False):
     """max(x) along ``axis`` (keepdims), with -inf rows shifted by 0 instead of
-    -inf so that the all -inf row yields exp(-inf) = 0, not NaN."""
+    -inf so that the all -inf row yields exp(-inf) = 0, not NaN; with
+    ``infinite_to_zero`` +inf rows too (logsumexp: log(sum exp(x)) = inf, as torch)."""
     m = np.max(x, axis=axis, keepdims=True)
-    return np.where(np.isneginf(m), np.zeros_like(m), m)
+    shift_by_zero = np.isinf(m) if infinite_to_zero else np.isneginf(m)
+    return np.where(shift_by_zero, np.zeros_like(m), m)
 
 
 def softmax_forward(x, axis):
@@ -38,15 +43,16 @@ def softmax_forward(x, axis):
     axis = _axis(x, axis)
     if x.shape[axis] == 0:
         return x.copy()
-    e = np.exp(x - _row_max(x, axis))
-    return e / e.sum(axis=axis, keepdims=True)
+    xc, = in_compute_dtype(x)
+    e = np.exp(xc - _row_max(xc, axis))
+    return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)
 
 
 def softmax_backward(grad, out, x, axis):
     """With y = softmax(x) and g = dL/dy:   dx = y * (g - sum_j g_j y_j)."""
     axis = _axis(x, axis)
-    y, g = out, grad
-    return (y * (g - (g * y).sum(axis=axis, keepdims=True)),)
+    y, g = in_compute_dtype(out, grad)
+    return ((y * (g - (g * y).sum(axis=axis, keepdims=True))).astype(x.dtype, copy=False),)
 
 
 def logsoftmax_forward(x, axis):
@@ -54,15 +60,16 @@ def logsoftmax_forward(x, axis):
     axis = _axis(x, axis)
     if x.shape[axis] == 0:
         return x.copy()
-    shifted = x - _row_max(x, axis)
-    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+    xc, = in_compute_dtype(x)
+    shifted = xc - _row_max(xc, axis)
+    return (shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))).astype(x.dtype, copy=False)
 
 
 def logsoftmax_backward(grad, out, x, axis):
     """With y = logsoftmax(x) and g = dL/dy:   dx = g - exp(y) * sum_j g_j."""
     axis = _axis(x, axis)
-    y, g = out, grad
-    return (g - np.exp(y) * g.sum(axis=axis, keepdims=True),)
+    y, g = in_compute_dtype(out, grad)
+    return ((g - np.exp(y) * g.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False),)
 
 
 def logsumexp_forward(x, axis, keepdims=False):
@@ -73,8 +80,9 @@ def logsumexp_forward(x, axis, keepdims=False):
         shape[axis] = 1
         y = np.full(shape, -np.inf, dtype=x.dtype)
     else:
-        m = _row_max(x, axis)
-        y = m + np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+        xc, = in_compute_dtype(x)
+        m = _row_max(xc, axis, infinite_to_zero=True)
+        y = (m + np.log(np.exp(xc - m).sum(axis=axis, keepdims=True))).astype(x.dtype, copy=False)
     return y if keepdims else np.squeeze(y, axis=axis)
 
 
@@ -82,7 +90,7 @@ def logsumexp_backward(grad, out, x, axis, keepdims=False):
     """With y = logsumexp(x) and g = dL/dy:   dx_i = g * exp(x_i - y)
     (g and y broadcast along ``axis``): the softmax of x, scaled by g."""
     axis = _axis(x, axis)
-    g, y = grad, out
+    xc, g, y = in_compute_dtype(x, grad, out)
     if not keepdims:
         g, y = np.expand_dims(g, axis), np.expand_dims(y, axis)
-    return ((g * np.exp(x - y)).astype(x.dtype, copy=False),)
+    return ((g * np.exp(xc - y)).astype(x.dtype, copy=False),)

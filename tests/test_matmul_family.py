@@ -279,3 +279,44 @@ def test_partial_backward_and_layout_of_weight_gradients(side):
             gs = rng.standard_normal(shape[:-1] + (4,))
             _, db = km.matmul_backward(_t(gs, f64), None, _t(xs, f64), wt.transpose(0, 1), needs=(False, True))
             np.testing.assert_allclose(db.cpu().numpy(), xs.reshape(-1, 7).T @ gs.reshape(-1, 4), rtol=1e-12)
+
+
+def runs_of_eight(strategy, runs=20):
+    """Draws of ``strategy`` as the property suite sees them: ``runs`` runs
+    (seeds 0, 1, ...) of 8 examples each, as lists of cases."""
+    from hypothesis import HealthCheck, Phase, given, seed, settings
+    out = []
+    for s in range(runs):
+        out.append([])
+
+        @seed(s)
+        @settings(max_examples=8, database=None, deadline=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
+        @given(strategy)
+        def draw(case):
+            out[-1].append(case)
+        draw()
+    return out
+
+
+def test_strategy_draws_the_cases_that_hide_bugs():
+    """The property suite sees 8 draws per dtype, so the cases that once hid
+    bugs must be in nearly every run of 8: a matrix transposed in memory
+    against a stack (Dense's ``x @ weight.T``; the reference transposed every
+    axis of the stack), a batch sum of over a thousand terms (which a 16-bit
+    accumulator loses), several batch axes; and often every side equal (a
+    wrong transpose then gives numbers, not a shape error)."""
+    from triflux.testing.matmul import matmul_strategy
+    runs = runs_of_eight(matmul_strategy("bfloat16"))
+
+    def runs_with(pred):
+        return sum(any(pred(*c.inputs, c) for c in run) for run in runs) / len(runs)
+
+    def transposed_matrix_vs_stack(a, b, c):
+        return any(x.ndim == 2 and y.ndim >= 3 and c.layout(i) == "transposed" and min(x.shape) > 1
+                   for i, (x, y) in enumerate(((a, b), (b, a))))
+
+    assert runs_with(transposed_matrix_vs_stack) >= 0.9
+    assert runs_with(lambda a, b, c: max(np.prod(a.shape[:-2]), np.prod(b.shape[:-2])) >= 1000) >= 0.9
+    assert runs_with(lambda a, b, c: max(a.ndim, b.ndim) >= 4) >= 0.9
+    assert runs_with(lambda a, b, c: max(a.ndim, b.ndim) >= 3 and len(set(a.shape + b.shape)) == 1) >= 0.6

@@ -326,3 +326,25 @@ def test_torch_only_allocates_and_views(K, kernel_device):
         return b
 
     assert_torch_only_moves_memory(work, "these kernels")
+
+
+def test_broadcast_to_strategy_draws_long_sums():
+    """broadcast_to's gradient sums the copies of each element; in about half
+    of the draws there are over a thousand of them (a 16-bit accumulator
+    loses such a sum), so nearly every run of 8 draws (the property suite's
+    count per dtype) has one."""
+    from hypothesis import HealthCheck, Phase, given, seed, settings
+
+    from triflux.testing.shape import broadcast_to_strategy
+    runs = 20
+    with_long_sum = set()
+    for s in range(runs):
+        @seed(s)
+        @settings(max_examples=8, database=None, deadline=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
+        @given(broadcast_to_strategy("bfloat16"))
+        def draw(case):
+            if np.prod(case.attrs["shape"]) // max(case.inputs[0].size, 1) >= 1000:
+                with_long_sum.add(s)
+        draw()
+    assert len(with_long_sum) >= 0.9 * runs

@@ -214,7 +214,8 @@ def _act_grad_kernel(g, y, gz, part, O, NPIX, WO, NM, chunk,
     """gz[n, o, p, q] = g[n, o, p, q] * act'(y[n, o, p, q]) into a dense gz (only with
     STORE; identity leaves g as it is) and part[s, o] = sum_{pixels m = (n, p, q) of
     split s} gz[n, o, p, q], split s covering m in [s*chunk, (s+1)*chunk) of NM = N*HO*WO.
-    act' from y: identity 1, relu [y > 0], sigmoid y (1 - y), tanh 1 - y^2."""
+    act' from y: identity 1, relu [not y <= 0] (0 at 0, 1 at NaN: torch's threshold_backward),
+    sigmoid y (1 - y), tanh 1 - y^2."""
     pid_o = tl.program_id(0)
     pid_s = tl.program_id(1).to(tl.int64)
     ro = (pid_o * BO + tl.arange(0, BO)).to(tl.int64)
@@ -238,7 +239,7 @@ def _act_grad_kernel(g, y, gz, part, O, NPIX, WO, NM, chunk,
             yv = tl.load(y + n[None, :] * syn + ro[:, None] * syc + p[None, :] * syh + q[None, :] * syw,
                          mask=mask, other=0.0).to(CT)
             if ACT == 1:
-                d = tl.where(yv > 0, gv, 0.0)
+                d = tl.where(yv <= 0, 0.0, gv)
             elif ACT == 2:
                 d = gv * (yv * (1.0 - yv))
             else:
@@ -419,10 +420,17 @@ def conv_transpose2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 
                               output_padding=(0, 0), dilation=(1, 1), groups=1):
     """dx = conv2d(G, w); dw = conv2d's weight gradient with input G and output gradient x."""
     stride, padding, dilation = _attrs(stride, padding, dilation)
+    # output_padding of a stride or more adds positions no input reaches (see the reference)
+    H, W = x.shape[2:]
+    extra = (int(output_padding[0]) // stride[0], int(output_padding[1]) // stride[1])
     if x.numel() == 0:
         dx = common.empty(tuple(x.shape), x.dtype, x.device)
     else:
-        dx = _conv2d(grad, w, stride, padding, dilation, groups)
+        dx = common.contiguous(_conv2d(grad, w, stride, padding, dilation, groups)[:, :, :H, :W])
+    if extra != (0, 0):
+        padded = common.full((x.shape[0], x.shape[1], H + extra[0], W + extra[1]), 0, x.dtype, x.device)
+        x = common.copy_into(padded[:, :, :H, :W], x)
+        x = padded
     dw = _conv2d_weight_grad(grad, x, tuple(w.shape), stride, padding, dilation, groups, w.dtype)
     return dx, dw
 

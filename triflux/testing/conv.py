@@ -16,6 +16,7 @@ output_padding=op)`` (checked in tests/test_conv_family.py).
 relu/sigmoid/tanh (autograd's backward of which also reads the output).
 """
 from . import Case, floats, layouts_for
+from .elementwise import nonfinite_draw, with_nonfinite
 
 
 def _common(draw, st):
@@ -62,7 +63,9 @@ def conv_transpose2d_strategy(dtype):
     def case(draw):
         groups, n, (kh, kw), stride, dilation, padding = _common(draw, st)
         cg, og = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-        output_padding = (draw(st.integers(0, stride[0] - 1)), draw(st.integers(0, stride[1] - 1)))
+        # torch allows output_padding below the stride *or* the dilation
+        output_padding = (draw(st.integers(0, max(stride[0], dilation[0]) - 1)),
+                          draw(st.integers(0, max(stride[1], dilation[1]) - 1)))
         pt, pb, pl, pr = padding
         # the output side (h - 1)*s - pt - pb + d*(k - 1) + op + 1 must be >= 1
         h = draw(st.integers(1, 7))
@@ -106,16 +109,23 @@ _ACTIVATIONS = ("identity", "relu", "sigmoid", "tanh")
 
 def conv2d_bias_act_strategy(dtype):
     """conv2d's cases, a bias of O entries and one of the four activations;
-    smaller (sides <= 7, no groups beyond 2) to keep the interpreter fast."""
+    smaller (sides <= 7, no groups beyond 2) to keep the interpreter fast. In
+    about three draws in four some entries of x and of the bias are NaN, +inf
+    and -inf, with relu (whose NaN branch a GPU's max or a comparison can get
+    wrong; torch's relu'(NaN) = 1) in half of those draws."""
     from hypothesis import strategies as st
 
     @st.composite
     def case(draw):
         x, w, attrs = _conv2d_problem(draw, st, max_side=7, w_range=1.0)
-        attrs["activation"] = draw(st.sampled_from(_ACTIVATIONS))
+        nonfinite = nonfinite_draw(draw, out_of=4)
+        activations = ("relu",) * 3 + tuple(a for a in _ACTIVATIONS if a != "relu") if nonfinite else _ACTIVATIONS
+        attrs["activation"] = draw(st.sampled_from(activations))
         b = draw(floats((w.shape[0],), -1.0, 1.0))
+        if nonfinite:   # NaN/inf outputs, and whole output channels of them
+            x, b = with_nonfinite(draw, x), with_nonfinite(draw, b)
         return Case(inputs=(x, w, b), attrs=attrs, layouts=draw(layouts_for(3)),
-                    note=f"x {x.shape} w {w.shape} b {b.shape} {attrs}")
+                    note=f"x {x.shape} w {w.shape} b {b.shape} {attrs}" + (" NaN/inf" if nonfinite else ""))
 
     return case()
 

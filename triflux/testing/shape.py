@@ -176,8 +176,30 @@ def _broadcast_to_case(draw):
     return Case((x,), dict(shape=target), layouts)
 
 
+#: over a thousand copies of each element, spread over one or two axes: the
+#: gradient sums that many terms, which a 16-bit accumulator visibly loses
+_LONG_COPIES = ((1031,), (1301,), (29, 37))     # times 3 elements: within MAX_SIZE
+
+
+@st.composite
+def _long_broadcast_to_case(draw):
+    """A few elements broadcast to over a thousand copies each, along new
+    leading axes or along stretched axes of side 1 (first or last)."""
+    k = draw(st.sampled_from([1, 2, 3]))
+    copies = draw(st.sampled_from(_LONG_COPIES))
+    where = draw(st.sampled_from(["leading", "stretched first", "stretched last"]))
+    if where == "leading":
+        shape, target = (k,), copies + (k,)
+    elif where == "stretched first":
+        shape, target = (1,) * len(copies) + (k,), copies + (k,)
+    else:
+        shape, target = (k,) + (1,) * len(copies), (k,) + copies
+    return Case((draw(floats(shape, extreme=True)),), dict(shape=target), draw(layouts_for(1)),
+                note=f"{where}: {shape} -> {target}")
+
+
 def broadcast_to_strategy(dtype):
-    return _broadcast_to_case()
+    return st.one_of(_broadcast_to_case(), _long_broadcast_to_case())
 
 
 def broadcast_to_torch(x, *, shape):
