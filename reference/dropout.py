@@ -4,7 +4,8 @@ y = x * m / (1 - p), with m[i] ~ Bernoulli(1 - p) independently: m[i] = 1 when
 u[i] >= p for u = ``np.random.default_rng(seed).random(x.size)`` taken in
 row-major order, so the mask is a function of (seed, linear index) only and
 the backward redraws it from the seed (nothing is stored). p = 1 drops
-everything (y = 0, no division by zero); p = 0 is the identity.
+everything (y = 0, no division by zero); p = 0 is the identity. The mask
+multiplies, as in torch: a dropped NaN or infinity gives NaN (x * 0).
 
 The Triton kernel draws its mask with Triton's Philox generator
 (``tl.rand(seed, i)``): the two sides' masks have the same distribution but
@@ -40,7 +41,8 @@ def dropout_forward(x, p, seed):
     x = np.asarray(x)
     p = _check_p(p)
     keep = dropout_mask(x.shape, p, seed).astype(bool)
-    return np.where(keep, x * x.dtype.type(_scale(p)), x.dtype.type(0)).astype(x.dtype)
+    with np.errstate(invalid="ignore"):
+        return (x * np.where(keep, x.dtype.type(_scale(p)), x.dtype.type(0))).astype(x.dtype)
 
 
 def dropout_backward(grad, out, x, p, seed):
@@ -49,4 +51,5 @@ def dropout_backward(grad, out, x, p, seed):
     p = _check_p(p)
     g = np.asarray(grad, dtype=x.dtype)
     keep = dropout_mask(x.shape, p, seed).astype(bool)
-    return (np.where(keep, g * x.dtype.type(_scale(p)), x.dtype.type(0)).astype(x.dtype),)
+    with np.errstate(invalid="ignore"):
+        return ((g * np.where(keep, x.dtype.type(_scale(p)), x.dtype.type(0))).astype(x.dtype),)

@@ -25,6 +25,11 @@ from ._util import unbroadcast
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_K = 0.044715
+SQRT_1_2 = math.sqrt(0.5)
+SQRT_2PI = math.sqrt(2.0 * math.pi)
+
+#: erfc elementwise, in float64 (NumPy has no erf; Python's math.erfc is correctly rounded to ~1 ulp)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
 
 quiet = np.errstate(all="ignore")  # exp(1e4) = inf, log(-1) = nan, ... as on the GPU
 
@@ -111,10 +116,11 @@ def abs_forward(x):
 
 @quiet
 def abs_backward(grad, out, x):
-    """dx = g sign(x), taking sign(0) = 0 (torch's choice)"""
+    """dx = g sign(x), taking sign(0) = 0 and sign(NaN) = 0 (torch's choices)"""
     if not _is_float(x):
         return (None,)
-    return (_done(_work(grad) * np.sign(_work(x)), x.dtype),)
+    g, xw = _work(grad), _work(x)
+    return (_done(np.where(xw > 0, g, np.where(xw < 0, -g, np.zeros_like(g))), x.dtype),)
 
 
 @quiet
@@ -151,10 +157,12 @@ def relu_forward(x):
 
 @quiet
 def relu_backward(grad, out, x):
-    """dx = g [x > 0]   (relu'(0) = 0)"""
+    """dx = g [x > 0] with relu'(0) = 0, and g where x is NaN (torch zeroes
+    only where x <= 0)"""
     if not _is_float(x):
         return (None,)
-    return (_done(np.multiply(_work(grad), _work(x) > 0), x.dtype),)
+    g = _work(grad)
+    return (_done(np.where(_work(x) <= 0, np.zeros_like(g), g), x.dtype),)
 
 
 @quiet
@@ -175,15 +183,42 @@ def gelu_backward(grad, out, x):
     u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2);
 
     computed with s = sigma(2u) = 0.5 (1 + t) and 1 - t^2 = 4 s (1 - s),
-    1 - s = sigma(-2u) (no cancellation): dx = g (s + 2 x s sigma(-2u) u')."""
+    1 - s = sigma(-2u) (no cancellation): dx = g (s + 2 x s sigma(-2u) u').
+    At x = +-inf the second term is inf * 0: NaN, as torch's."""
     xw = _work(x)
     u = SQRT_2_OVER_PI * (xw + GELU_K * xw ** 3)
     s = _sigmoid(2.0 * u)
     s_s = s * _sigmoid(-2.0 * u)
     du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_K * xw * xw)
-    # where the sigmoid has saturated (s (1 - s) == 0) the second term is 0, even if x^2 overflowed
-    second = np.where(s_s > 0, 2.0 * xw * s_s * du, 0.0)
+    # where the sigmoid has saturated (s (1 - s) == 0) the second term is 0, even if x^2
+    # overflowed, except at x = +-inf (torch: NaN)
+    second = np.where((s_s > 0) | np.isinf(xw), 2.0 * xw * s_s * du, 0.0)
     return (_done(_work(grad) * (s + second), x.dtype),)
+
+
+def _normal_cdf(x):
+    """Phi(x) = 0.5 erfc(-x / sqrt(2)), the standard normal CDF; erfc keeps
+    its full relative accuracy where Phi is tiny (x << 0), 0.5 (1 + erf) would
+    cancel there. Computed in float64, returned in x's dtype."""
+    c = np.asarray(_erfc(-np.asarray(x, dtype=np.float64) * SQRT_1_2), dtype=np.float64)
+    return (0.5 * c).astype(np.asarray(x).dtype, copy=False)
+
+
+@quiet
+def gelu_erf_forward(x):
+    """y = x Phi(x) = 0.5 x (1 + erf(x / sqrt(2))), the exact GELU (NNlib's
+    gelu_erf, torch's gelu(approximate="none")), Phi the standard normal CDF.
+    At x = -inf it is -inf * 0 = NaN, as torch's."""
+    xw = _work(x)
+    return _done(xw * _normal_cdf(xw), x.dtype)
+
+
+@quiet
+def gelu_erf_backward(grad, out, x):
+    """dx = g (Phi(x) + x phi(x)),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi) the
+    standard normal density (NaN at x = +-inf: inf * 0, as torch's)."""
+    xw = _work(x)
+    return (_done(_work(grad) * (_normal_cdf(xw) + xw * np.exp(-0.5 * xw * xw) / SQRT_2PI), x.dtype),)
 
 
 @quiet
@@ -238,7 +273,8 @@ def elu_forward(x, alpha=1.0):
 
 @quiet
 def elu_backward(grad, out, x, alpha=1.0):
-    """dx = g if x > 0 else g alpha exp(x)"""
+    """dx = g if x > 0 else g alpha exp(x): NaN where x is NaN (torch's CPU
+    gives NaN there in its vectorised loop, g in its scalar loop and on CUDA)"""
     xw = _work(x)
     g = _work(grad)
     return (_done(np.where(xw > 0, g, g * alpha * np.exp(np.minimum(xw, 0.0))), x.dtype),)

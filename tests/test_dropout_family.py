@@ -166,3 +166,30 @@ def test_torch_only_allocates_and_views():
         y = kd.dropout_forward(x, 0.5, 1)
         kd.dropout_backward(y, y, x, 0.5, 1)
     assert_torch_only_moves_memory(work, "the dropout kernel")
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_nan_and_infinities_multiply_like_torch(p, dtype):
+    """y = x * (m / (1 - p)) as torch computes it: a dropped NaN or infinity
+    is NaN (x * 0), a kept one NaN or +-inf; the backward's mask likewise.
+    The mask of each side comes from the same call on ones."""
+    x = np.tile([np.nan, np.inf, -np.inf, 1.5], 64)
+    g = np.tile([2.0, np.nan, -1.0, np.inf], 64)
+    seed = 1234
+    for forward, backward, to in ((kd.dropout_forward, kd.dropout_backward,
+                                   lambda a: torch.from_numpy(a).to(dtype).to(DEVICE)),
+                                  (ref.dropout_forward, ref.dropout_backward, lambda a: a)):
+        scale = forward(to(np.ones_like(x)), p, seed)           # m / (1 - p)
+        y = forward(to(x), p, seed)
+        (dx,) = backward(to(g), y, to(x), p, seed)
+        scale, y, dx = (_np(a) if isinstance(a, torch.Tensor) else np.asarray(a) for a in (scale, y, dx))
+        with np.errstate(invalid="ignore"):
+            np.testing.assert_array_equal(y, x * scale)
+            np.testing.assert_array_equal(dx, g * scale)
+        if 0 < p < 1:
+            assert np.isnan(y[1::4]).any() and np.isinf(y[1::4]).any()   # dropped and kept infinities
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        t = torch.nn.functional.dropout(torch.from_numpy(x), p=p, training=True)
+    assert np.isnan(t.numpy()[0::4]).all()   # torch: NaN stays NaN, dropped or not

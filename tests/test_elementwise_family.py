@@ -163,6 +163,8 @@ BIG = np.array([-1e4, -1e3, -100.0, -30.0, -1.0, 0.0, 1.0, 30.0, 100.0, 1e3, 1e4
 ACTIVATIONS = {
     "sigmoid": torch.sigmoid, "tanh": torch.tanh, "softplus": torch.nn.functional.softplus,
     "gelu": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    # x Phi(x) with Phi = erfc(-x / sqrt 2) / 2: F.gelu's 1 + erf(x / sqrt 2) cancels to 0 below x ~ -8
+    "gelu_erf": lambda x: x * 0.5 * torch.special.erfc(-x * 0.7071067811865476),
     "swish": torch.nn.functional.silu, "elu": torch.nn.functional.elu,
     "leakyrelu": lambda x: torch.nn.functional.leaky_relu(x, 0.01), "relu": torch.relu,
 }
@@ -255,6 +257,82 @@ def test_nan_propagation(K, kernel_device):
         np.testing.assert_array_equal(tn(getattr(K, name + "_forward")(at, bt)),
                                       INT_BINARY[name](a, b), err_msg=name)
     np.testing.assert_array_equal(np.isnan(f64(K.relu_forward(at))), np.isnan(a))
+
+
+#: every non-finite value and its neighbours (signed zeros, +-1, a fraction)
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, 2.5, -3.0])
+UNARY_ATTRS = {"neg": {}, "exp": {}, "log": {}, "sqrt": {}, "abs": {}, "tanh": {}, "sigmoid": {},
+               "relu": {}, "gelu": {}, "gelu_erf": {}, "swish": {}, "softplus": {},
+               "leakyrelu": {"negative_slope": 0.2}, "elu": {"alpha": 0.5}}
+BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+
+
+def _check_special(name, inputs, attrs, kernel_device):
+    """Reference (float64) vs torch's oracle, forward and autograd gradients;
+    the kernel in float32 and float64 vs the reference: NaN and +-inf in the
+    same places, finite values close (tolerances.assert_close)."""
+    import tolerances as tol
+    from triflux import registry
+    prim = registry.get(name)
+    g = np.linspace(-1.5, 2.0, inputs[0].size).reshape(np.broadcast(*inputs).shape) + 0.25
+    y = prim.reference()(*inputs, **attrs)
+    grads = prim.reference("backward")(g, y, *inputs, **attrs)
+    ts = [torch.tensor(a, requires_grad=True) for a in inputs]
+    ty = prim.torch_oracle()(*ts, **attrs)
+    tgrads = torch.autograd.grad(ty, ts, torch.tensor(g))
+    what = f"{name} at {[a.tolist() for a in inputs]}"
+    tol.assert_close(y, ty.detach().numpy(), "float64", what=f"{what}: reference vs torch",
+                     rtol=tol.TORCH_F64_RTOL)
+    for i, (r, t) in enumerate(zip(grads, tgrads)):
+        tol.assert_close(r, t.numpy(), "float64", what=f"{what}: gradient {i}, reference vs torch",
+                         rtol=tol.TORCH_F64_RTOL)
+    for dtype in ("float32", "float64"):
+        ky = K_of(prim)(*[tt(a, kernel_device, dtype) for a in inputs], **attrs)
+        kgrads = K_of(prim, "backward")(tt(g, kernel_device, dtype), ky,
+                                        *[tt(a, kernel_device, dtype) for a in inputs], **attrs)
+        yd = prim.reference()(*[a.astype(dtype) for a in inputs], **attrs)
+        tol.assert_close(tn(ky), yd, dtype, what=f"{what}: {dtype} kernel vs reference")
+        gd = prim.reference("backward")(g.astype(dtype), yd, *[a.astype(dtype) for a in inputs], **attrs)
+        for i, (kg, r) in enumerate(zip(kgrads, gd)):
+            tol.assert_close(tn(kg), r, dtype, what=f"{what}: {dtype} kernel gradient {i} vs reference")
+
+
+def K_of(prim, direction="forward"):
+    return prim.kernel(direction)
+
+
+@pytest.mark.parametrize("name", list(UNARY_ATTRS))
+def test_unary_nan_and_infinities_as_torch(kernel_device, name):
+    """Every unary activation at NaN, +-inf, +-0 and ordinary values: torch's
+    results, forward and backward (relu'(NaN) = g, abs'(NaN) = 0, gelu'(+-inf)
+    = NaN as torch; elu'(NaN) = NaN, which torch gives in its vectorised loop),
+    on the reference and on the kernels (whose comparisons must send NaN down
+    the same branch; tests/test_compiled_nan.py checks the GPU's min/max)."""
+    _check_special(name, (SPECIAL.copy(),), UNARY_ATTRS[name], kernel_device)
+
+
+@pytest.mark.parametrize("name", BINARY)
+def test_binary_nan_and_infinities_as_torch(kernel_device, name):
+    """Every pair of special values (NaN, +-inf, +-0, ...), forward and both
+    gradients, as torch: maximum/minimum propagate NaN and give both inputs
+    the gradient at NaN; pow follows C ((-1) ** inf = 1, (-inf) ** 0.5 = inf)."""
+    a, b = np.meshgrid(SPECIAL, SPECIAL, indexing="ij")
+    _check_special(name, (a.ravel().copy(), b.ravel().copy()), {}, kernel_device)
+
+
+def test_gelu_erf_is_torch_exact_gelu(K, kernel_device):
+    """gelu_erf = x Phi(x), torch's gelu(approximate="none") (not the tanh form)."""
+    x = np.linspace(-6, 6, 97)
+    g = np.cos(x)
+    (want_g,), want_y = torch_grad(lambda t: torch.nn.functional.gelu(t, approximate="none"), [x], g)
+    np.testing.assert_allclose(R.gelu_erf_forward(x), want_y, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(R.gelu_erf_backward(g, None, x)[0], want_g, rtol=1e-12, atol=1e-14)
+    for dtype, rtol in (("float64", 1e-12), ("float32", 2e-6)):
+        y = K.gelu_erf_forward(tt(x, kernel_device, dtype))
+        (gx,) = K.gelu_erf_backward(tt(g, kernel_device, dtype), y, tt(x, kernel_device, dtype))
+        np.testing.assert_allclose(f64(y), want_y, rtol=rtol, atol=rtol * 1e-2)
+        np.testing.assert_allclose(f64(gx), want_g, rtol=rtol, atol=rtol * 1e-2)
+    assert np.abs(R.gelu_erf_forward(x) - R.gelu_forward(x)).max() > 1e-4   # not the tanh form
 
 
 # --- pow --------------------------------------------------------------------------------

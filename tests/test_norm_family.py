@@ -68,6 +68,34 @@ def _kernel(args, dtype):
     return [torch.from_numpy(np.asarray(a)).to(dtype).to(DEVICE) for a in args]
 
 
+@pytest.mark.parametrize("train", [True, False])
+def test_nan_and_infinities_in_x_as_torch(train):
+    """NaN, +inf and -inf in three channels of x: those channels' outputs and
+    gradients are NaN or +-inf where torch's are (the kernel's variance floor
+    max(var, 0) must keep the NaN), the fourth channel is untouched."""
+    x, gamma, beta, mean, var = _inputs((3, 4, 5), 11)
+    x[1, 0, 2], x[0, 1, 4], x[2, 2, 0] = np.nan, np.inf, -np.inf
+    g = np.random.default_rng(12).standard_normal(x.shape)
+    if train:
+        want_y, want = _torch_train(x, gamma, beta, g, 1e-5)
+        ry, rg = ref.batchnorm_train_forward(x, gamma, beta), ref.batchnorm_train_backward(g, None, x, gamma, beta)
+        kf, kb, args = kn.batchnorm_train_forward, kn.batchnorm_train_backward, (x, gamma, beta)
+    else:
+        want_y, want = _torch_test(x, gamma, beta, mean, var, g, 1e-5)
+        ry = ref.batchnorm_test_forward(x, gamma, beta, mean, var)
+        rg = ref.batchnorm_test_backward(g, None, x, gamma, beta, mean, var)
+        kf, kb, args = kn.batchnorm_test_forward, kn.batchnorm_test_backward, (x, gamma, beta, mean, var)
+    assert np.isnan(want_y[:, :3]).any() and np.isfinite(want_y[:, 3]).all()
+    for dtype, rtol in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
+        kargs = _kernel(args, dtype)
+        ky = kf(*kargs)
+        kg = kb(_kernel((g,), dtype)[0], ky, *kargs)
+        for got, exp, what in [(ry, want_y, "reference y"), (_np(ky), want_y, f"kernel y {dtype}")] + \
+                [(rg[i], want[i], f"reference grad {i}") for i in range(3)] + \
+                [(_np(kg[i]), want[i], f"kernel grad {i} {dtype}") for i in range(3)]:
+            np.testing.assert_allclose(got, exp, rtol=rtol, atol=rtol, equal_nan=True, err_msg=what)
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("eps", [1e-5, 0.1])
 def test_train_matches_torch(shape, eps):

@@ -192,6 +192,34 @@ def test_zero_gradient_and_state_no_nan(K, kernel_device, name, tdtype):
     assert np.isfinite(xr).all() and xr.dtype == np.float16
 
 
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_nan_and_infinite_gradients_as_torch(K, kernel_device, name):
+    """A diverged step (NaN, +inf, -inf in the gradient and the parameter):
+    parameters and states become NaN/+-inf exactly where torch's oracle puts
+    them, on the reference and the kernel (float32 and float64)."""
+    import torch
+
+    from triflux.testing import optimise as oracles
+    n_states, _ = RULES[name]
+    rng = np.random.default_rng(4)
+    x, g = rng.standard_normal(SHAPE), rng.standard_normal(SHAPE)
+    g[0, :3] = [np.nan, np.inf, -np.inf]
+    x[1, :3] = [np.nan, np.inf, -np.inf]
+    states = [rng.uniform(0.1, 1.0, SHAPE) for _ in range(n_states)]
+    attrs = _attrs(name, 3)
+    want = getattr(oracles, f"{name}_torch")(*[torch.from_numpy(a.copy()) for a in (x, g, *states)], **attrs)
+    want = [w.numpy() for w in want]
+    assert not all(np.isfinite(w).all() for w in want)
+    ref_args = [a.copy() for a in (x, g, *states)]
+    getattr(ref, f"{name}_forward")(*ref_args, **attrs)
+    for dtype, tol in (("float64", 1e-12), ("float32", 1e-5)):
+        args = [torch.from_numpy(a.copy()).to(getattr(torch, dtype)).to(kernel_device) for a in (x, g, *states)]
+        getattr(K, f"{name}_forward")(*args, **attrs)
+        for i, w in zip(oracles.MUTATED[name], want):
+            np.testing.assert_allclose(ref_args[i], w, rtol=1e-12, atol=1e-12, equal_nan=True)
+            np.testing.assert_allclose(N(args[i]).astype(np.float64), w, rtol=tol, atol=tol, equal_nan=True)
+
+
 def test_empty_and_scalar_parameters(K, kernel_device):
     import torch
     e = torch.zeros(0, 3, device=kernel_device)

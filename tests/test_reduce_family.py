@@ -152,6 +152,32 @@ def test_max_propagates_nan(K, kernel_device):
         np.testing.assert_array_equal(R.max_forward(x, axis), want)
 
 
+def test_max_nan_rows_as_amax_forward_and_backward(K, kernel_device):
+    """A row whose maximum is NaN: NaN, and torch.amax's gradient (g / k) [x == y]
+    gives every entry of it NaN; +-inf maxima and all -inf rows (a tie) as
+    amax; also over a long row (the GPU's two-pass split in the interpreter)."""
+    x = np.array([[1.0, np.nan, 3.0, 3.0], [np.nan, -np.inf, 0.0, np.inf], [-np.inf] * 4,
+                  [np.inf, 2.0, np.inf, -1.0], [0.5, -2.0, 7.0, 7.0]])
+    long = np.random.default_rng(0).uniform(-1, 1, (2, 9000))
+    long[0, 8500] = np.nan
+    long[1, 4] = np.inf
+    for arr, axis in ((x, (1,)), (x, (0,)), (x, (0, 1)), (long, (1,))):
+        xa = torch.tensor(arr, requires_grad=True)
+        out = torch.amax(xa, dim=axis)
+        g = torch.arange(1.0, out.numel() + 1, dtype=torch.float64).reshape(out.shape)
+        out.backward(g)
+        want_y, want_g = out.detach().numpy(), xa.grad.numpy()
+        y_ref = R.max_forward(arr, axis)
+        np.testing.assert_array_equal(y_ref, want_y)
+        np.testing.assert_array_equal(R.max_backward(g.numpy(), y_ref, arr, axis)[0], want_g)
+        for dtype in ("float32", "float64"):
+            xt = tt(arr, kernel_device, dtype)
+            y = K.max_forward(xt, axis, False)
+            (gx,) = K.max_backward(tt(g.numpy(), kernel_device, dtype), y, xt, axis, False)
+            np.testing.assert_array_equal(f64(y), want_y, err_msg=f"{axis} {dtype}")
+            np.testing.assert_allclose(f64(gx), want_g, rtol=1e-6, err_msg=f"{axis} {dtype}")
+
+
 # --- layouts, ranks, long rows ---------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])

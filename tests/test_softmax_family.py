@@ -186,6 +186,30 @@ def test_rows_longer_than_one_chunk(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("chunk", [None, 8], ids=["one chunk", "online sweep"])
+def test_nan_and_infinite_rows_as_torch(name, chunk, monkeypatch):
+    """Rows holding NaN (NaN everywhere), +inf (softmax/logsoftmax NaN,
+    logsumexp +inf, as torch), +inf with -inf, all -inf, and -inf chunks ahead
+    of a maximum of -1e4 (the online sweep must not rescale its empty sum by
+    exp(0 - (-1e4)) = inf), forward and backward, float32 and float64."""
+    if chunk:
+        monkeypatch.setattr(ks, "INTERP_MAX_BLOCK_L", chunk)
+        monkeypatch.setattr(ks, "GPU_MAX_BLOCK_L", chunk)
+    x = _rand((8, 37), 4)
+    x[0, 5] = np.nan
+    x[1, 30] = INF
+    x[2, 3], x[2, 20] = INF, -INF
+    x[3, :] = -INF
+    x[4, :25], x[4, 25:] = -INF, -1e4 + _rand(12, 5, 1.0)
+    x[5, 36], x[5, 0] = np.nan, INF
+    x[6, 10] = -INF
+    x[7, :] = INF
+    kw = {"keepdims": False} if name == "logsumexp" else {}
+    for dtype in (torch.float32, torch.float64):
+        _check(name, x, 1, dtype=dtype, **kw)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_empty_dims(name):
     kf, kb, rf, rb = _fns(name)
     for shape, axis in [((0, 5), 1), ((5, 0), 1), ((0, 5), 0), ((3, 0, 2), 1), ((0,), 0)]:

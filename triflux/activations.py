@@ -41,6 +41,12 @@ def gelu(x):
     return ops.gelu(x)
 
 
+def gelu_erf(x):
+    """The exact GELU, as NNlib's ``gelu_erf`` (torch's ``GELU()``):
+    x·Φ(x) = 0.5·x·(1 + erf(x/√2)), Φ the standard normal CDF"""
+    return ops.gelu_erf(x)
+
+
 def swish(x):
     """x·σ(x)"""
     return ops.swish(x)
@@ -76,4 +82,5 @@ def logsumexp(x, dims=None, keepdims=False):
     return ops.logsumexp(x, class_axis(x, dims), keepdims)
 
 
-ACTIVATIONS = (identity, relu, sigmoid, tanh, leakyrelu, elu, gelu, swish, softplus, softmax, logsoftmax)
+ACTIVATIONS = (identity, relu, sigmoid, tanh, leakyrelu, elu, gelu, gelu_erf, swish, softplus, softmax,
+               logsoftmax)

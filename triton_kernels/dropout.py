@@ -4,7 +4,8 @@ y = x * m / (1 - p) with m[i] = (tl.rand(seed, i) >= p): Triton's Philox
 generator keyed by the seed and the element's row-major linear index i, so
 the mask is a function of (seed, i) only. The backward redraws the same mask
 from the seed (nothing is stored): dx = dropout(g), the same kernel applied
-to the gradient. p = 1 drops everything (scale 0, no division by zero).
+to the gradient. p = 1 drops everything (scale 0, no division by zero). The
+mask multiplies, as in torch: a dropped NaN or infinity gives NaN.
 
 The NumPy reference draws its mask with ``np.random.default_rng(seed)``: same
 distribution, different numbers, so kernel and reference are compared by
@@ -28,14 +29,18 @@ def _dropout_kernel(src, dst, n, seed, p, scale_hi, scale_lo,
     mask = lin < n
     off = nd_offset(lin, D1, D2, D3, D4, D5, S0, S1, S2, S3, S4, S5)
     v = tl.load(src + off, mask=mask, other=0.0).to(CT)
+    if CT == tl.float64:
+        scale = tl.cast(scale_hi, tl.float64) + tl.cast(scale_lo, tl.float64)
+    else:
+        scale = scale_hi
     keep = tl.rand(seed, lin) >= p
-    out = tl.where(keep, v * scale_hi + v * scale_lo, 0.0)
+    out = v * tl.where(keep, scale, 0.0)   # a multiplication, as torch: dropped NaN/inf give NaN
     tl.store(dst + lin, store_value(out, dst.dtype.element_ty, INTERP), mask=mask)
 
 
 def _split(v):
     """v as two float32 values hi + lo (Triton passes Python floats as float32;
-    a float64 kernel multiplies by both, keeping ~48 bits of 1 / (1 - p))."""
+    a float64 kernel adds them in float64, keeping ~48 bits of 1 / (1 - p))."""
     import numpy as np
     hi = float(np.float32(v))
     return hi, float(np.float32(v - hi))

@@ -20,8 +20,14 @@ type (booleans as int32, stored back as ``!= 0``).
 
 Only ``tl.exp``, ``tl.log``, ``tl.sqrt`` and ``tl.floor`` are used from the
 math library (no libdevice), so the kernels run unchanged on NVIDIA, AMD and in the
-interpreter; ``expm1``, ``log1p`` and ``tanh`` are built from them with short
-series where cancellation would otherwise lose accuracy.
+interpreter; ``expm1``, ``log1p``, ``tanh`` and ``erfc`` are built from them
+with short series where cancellation would otherwise lose accuracy.
+
+NaN: minima and maxima go through ``common.maximum``/``minimum`` (a GPU's
+plain min/max drop NaN), and every branch on a comparison sends NaN where torch
+does (``x > 0`` is false for NaN: leakyrelu and elu take their negative branch,
+which gives NaN; at NaN relu's gradient is g and leakyrelu's g slope, as
+torch's, elu's NaN).
 """
 
 import numpy as np
@@ -39,7 +45,7 @@ from .reduce import dense_strides as _dense, unbroadcast
 # --- op codes ------------------------------------------------------------------------------
 
 U_NEG, U_EXP, U_LOG, U_SQRT, U_ABS, U_TANH, U_SIGMOID, U_RELU, U_GELU, U_SWISH, \
-    U_SOFTPLUS, U_LEAKYRELU, U_ELU, U_CAST = range(14)
+    U_SOFTPLUS, U_LEAKYRELU, U_ELU, U_CAST, U_GELU_ERF = range(15)
 B_ADD, B_SUB, B_MUL, B_DIV, B_POW, B_MAX, B_MIN, B_EQ, B_NE, B_LT, B_LE, B_GT, B_GE, \
     B_WHERE = range(14)
 
@@ -60,12 +66,12 @@ def _ct(dtype):
 
 
 def _nterms(dtype):
-    """Series lengths (expm1, log1p) for the compute precision."""
-    return (17, 11) if dtype == torch.float64 else (9, 6)
+    """Series lengths (expm1, log1p, erfc) for the compute precision."""
+    return (17, 11, 28) if dtype == torch.float64 else (9, 6, 15)
 
 
 _UNARY_NAMES = ["neg", "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "gelu", "swish",
-                "softplus", "leakyrelu", "elu", "cast"]
+                "softplus", "leakyrelu", "elu", "cast", "gelu_erf"]
 _BINARY_NAMES = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
                  "gt", "ge", "where"]
 
@@ -140,18 +146,57 @@ def _sigmoid(x):
 
 @triton.jit
 def _pow(a, b):
-    """a ** b with C/NumPy semantics for the cases that matter: negative
-    bases with integer exponents, x ** 0 == 1, 1 ** y == 1, 0 ** y."""
+    """a ** b with C/NumPy semantics (torch's too): negative bases (-0 included:
+    (-0) ** -1 = -inf) with integer exponents (the infinities count as even),
+    (-inf) ** y = inf ** y and (-0) ** y = 0 ** y for other y, x ** 0 == 1 and
+    1 ** y == 1 (for NaN x and y too), (-1) ** +-inf == 1."""
     r = tl.exp(b * tl.log(tl.abs(a)))
     b_int = tl.floor(b) == b
     b_odd = b_int & (tl.floor(b * 0.5) * 2.0 != b)
-    neg = tl.where(b_int, tl.where(b_odd, -r, r), float("nan"))
-    r = tl.where(a < 0, neg, r)
-    return tl.where((b == 0) | (a == 1), 1.0, r)
+    neg = tl.where(b_int | (a == -float("inf")) | (a == 0), tl.where(b_odd, -r, r), float("nan"))
+    r = tl.where((a < 0) | ((a == 0) & (1.0 / a < 0)), neg, r)
+    b_inf = (b == float("inf")) | (b == -float("inf"))
+    return tl.where((b == 0) | (a == 1) | ((a == -1) & b_inf), 1.0, r)
+
+
+#: Chebyshev coefficients c_0..c_27 of f(u) = log(erfc(z) / t) + z^2 on u in
+#: [-1, 1], t = 2 / (2 + z) = (u + 1) / 2, z >= 0 (Numerical Recipes' erfccheb),
+#: computed with mpmath at 40 digits; the series' tail after c_27 is < 1e-16
+#: (float64 takes all 28, float32 the first 15: tail < 1e-9)
+_ERFC_CHEB = tl.constexpr((
+    -0.6513268598908547, 0.6419697923564902, 0.019476473204185836, -0.009561514786808632,
+    -0.0009465953444820369, 0.00036683949785276145, 4.252332480690777e-05, -2.0278578112534242e-05,
+    -1.6242900046470256e-06, 1.3036558355805232e-06, 1.5626441722066142e-08, -8.523809591492654e-08,
+    6.5290544390988515e-09, 5.059343495551469e-09, -9.91364156493033e-10, -2.273651222931836e-10,
+    9.646791102015527e-11, 2.3940380830391146e-12, -6.886027526497553e-12, 8.944879273090725e-13,
+    3.130921399342958e-13, -1.1270822361367252e-13, 3.810905255189232e-16, 7.106097613609237e-15,
+    -1.5230282014571043e-15, -9.457494571291233e-17, 1.210237189224279e-16, -2.816663087747177e-17))
 
 
 @triton.jit
-def _unary_fwd(x, p0, OP: tl.constexpr, NT_E: tl.constexpr, NT_L: tl.constexpr):
+def _erfc_nonneg(z, NC: tl.constexpr):
+    """erfc(z) for z >= 0 (NaN for NaN) with full relative accuracy, also where
+    it is tiny (1 - erf(z) would cancel): t exp(f(u) - z^2), f the Chebyshev
+    series _ERFC_CHEB (its first NC terms) summed by Clenshaw's recurrence."""
+    t = 2.0 / (2.0 + z)
+    u = 2.0 * t - 1.0
+    b1 = tl.zeros_like(z)
+    b2 = tl.zeros_like(z)
+    for k in tl.static_range(NC - 1, 0, -1):
+        b1, b2 = _ERFC_CHEB[k] + 2.0 * u * b1 - b2, b1
+    return t * tl.exp(_ERFC_CHEB[0] + u * b1 - b2 - z * z)
+
+
+@triton.jit
+def _normal_cdf(x, NC: tl.constexpr):
+    """Phi(x) = 0.5 erfc(-x / sqrt(2)), the standard normal CDF: 0.5 erfc(|x| / sqrt(2))
+    for x < 0 (accurate where tiny), 1 minus that for x >= 0."""
+    half_c = 0.5 * _erfc_nonneg(tl.abs(x) * 0.7071067811865476, NC)
+    return tl.where(x < 0, half_c, 1.0 - half_c)
+
+
+@triton.jit
+def _unary_fwd(x, p0, OP: tl.constexpr, NT_E: tl.constexpr, NT_L: tl.constexpr, NT_C: tl.constexpr):
     if OP == 0:      # neg
         y = -x
     elif OP == 1:    # exp
@@ -174,12 +219,13 @@ def _unary_fwd(x, p0, OP: tl.constexpr, NT_E: tl.constexpr, NT_L: tl.constexpr):
     elif OP == 9:    # swish
         y = x * _sigmoid(x)
     elif OP == 10:   # softplus = max(x, 0) + log1p(exp(-|x|))
-        y = tl.maximum(x, 0.0) + _log1p(tl.exp(-tl.abs(x)), NT_L)
-        y = tl.where(x != x, x, y)
-    elif OP == 11:   # leakyrelu
+        y = common.maximum(x, 0.0) + _log1p(tl.exp(-tl.abs(x)), NT_L)
+    elif OP == 11:   # leakyrelu (NaN takes the x * p0 branch: NaN)
         y = tl.where(x > 0, x, x * p0)
-    elif OP == 12:   # elu
-        y = tl.where(x > 0, x, p0 * _expm1(tl.minimum(x, 0.0), NT_E))
+    elif OP == 12:   # elu (NaN takes the expm1 branch: NaN)
+        y = tl.where(x > 0, x, p0 * _expm1(x, NT_E))
+    elif OP == 14:   # gelu_erf: x Phi(x)
+        y = x * _normal_cdf(x, NT_C)
     else:            # cast: the conversion happens in the store
         y = x
     return y
@@ -189,6 +235,7 @@ def _unary_fwd(x, p0, OP: tl.constexpr, NT_E: tl.constexpr, NT_L: tl.constexpr):
 def _unary_kernel(x, out, n, p0,
                   D1, D2, D3, D4, D5, XS0, XS1, XS2, XS3, XS4, XS5,
                   OP: tl.constexpr, CT: tl.constexpr, NT_E: tl.constexpr, NT_L: tl.constexpr,
+                  NT_C: tl.constexpr,
                   XD: tl.constexpr, INTERP: tl.constexpr, BLOCK: tl.constexpr):
     lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = lin < n
@@ -197,7 +244,7 @@ def _unary_kernel(x, out, n, p0,
     else:
         xo = common.nd_offset(lin, D1, D2, D3, D4, D5, XS0, XS1, XS2, XS3, XS4, XS5)
     v = tl.load(x + xo, mask=mask, other=1).to(CT)
-    y = _unary_fwd(v, p0, OP, NT_E, NT_L)
+    y = _unary_fwd(v, p0, OP, NT_E, NT_L, NT_C)
     tl.store(out + lin, store_value(y, out.dtype.element_ty, INTERP), mask=mask)
 
 
@@ -207,7 +254,7 @@ def _unary_bwd_kernel(g, x, y, out, n, p0,
                       GS0, GS1, GS2, GS3, GS4, GS5,
                       XS0, XS1, XS2, XS3, XS4, XS5,
                       YS0, YS1, YS2, YS3, YS4, YS5,
-                      OP: tl.constexpr, CT: tl.constexpr, NT_E: tl.constexpr,
+                      OP: tl.constexpr, CT: tl.constexpr, NT_E: tl.constexpr, NT_C: tl.constexpr,
                       USE_Y: tl.constexpr, GD: tl.constexpr, XD: tl.constexpr,
                       YD: tl.constexpr, INTERP: tl.constexpr, BLOCK: tl.constexpr):
     """out = g * f'(x). exp and sqrt use y = f(x) (g y, g / 2y: no accuracy
@@ -249,29 +296,32 @@ def _unary_bwd_kernel(g, x, y, out, n, p0,
     elif OP == 6:    # sigmoid: g y (1 - y) = g e / (1 + e)^2, e = exp(-|x|) (no cancellation)
         e = tl.exp(-tl.abs(xv))
         r = gv * (e / ((1.0 + e) * (1.0 + e)))
-    elif OP == 7:    # relu: g [x > 0]   (relu'(0) = 0)
+    elif OP == 7:    # relu: g [not x <= 0]   (relu'(0) = 0; at NaN g, as torch)
         r = tl.where(xv <= 0, 0.0, gv)
     elif OP == 8:    # gelu: s + 2 x s (1 - s) u',  s = sigmoid(2u)
         u = 0.7978845608028654 * (xv + 0.044715 * xv * xv * xv)
         s = _sigmoid(2.0 * u)
         ss = s * _sigmoid(-2.0 * u)  # s (1 - s) without cancellation
         du = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * xv * xv)
-        d = s + tl.where(ss > 0, 2.0 * xv * ss * du, 0.0)
+        inf_x = (xv == float("inf")) | (xv == -float("inf"))   # inf * 0 = NaN there, as torch
+        d = s + tl.where((ss > 0) | inf_x, 2.0 * xv * ss * du, 0.0)
         r = gv * d
     elif OP == 9:    # swish: s (1 + x (1 - s)),  s = sigmoid(x)
         s = _sigmoid(xv)
         r = gv * (s * (1.0 + xv * _sigmoid(-xv)))  # 1 - s = sigmoid(-x)
     elif OP == 10:   # softplus: g sigmoid(x)
         r = gv * _sigmoid(xv)
-    elif OP == 11:   # leakyrelu: g [x > 0] + g slope [x <= 0]
+    elif OP == 11:   # leakyrelu: g [x > 0] + g slope [not x > 0]   (at NaN g slope, as torch)
         r = tl.where(xv > 0, gv, gv * p0)
-    else:            # elu: g [x > 0] + g alpha exp(x) [x <= 0]
-        r = tl.where(xv > 0, gv, gv * p0 * tl.exp(tl.minimum(xv, 0.0)))
+    elif OP == 14:   # gelu_erf: g (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+        r = gv * (_normal_cdf(xv, NT_C) + xv * tl.exp(-0.5 * xv * xv) * 0.3989422804014327)
+    else:            # elu: g [x > 0] + g alpha exp(x) [not x > 0]   (NaN at NaN)
+        r = tl.where(xv > 0, gv, gv * p0 * tl.exp(xv))
     tl.store(out + lin, store_value(r, out.dtype.element_ty, INTERP), mask=mask)
 
 
 @triton.jit
-def _binary_fwd(a, b, OP: tl.constexpr, IS_FLOAT: tl.constexpr):
+def _binary_fwd(a, b, OP: tl.constexpr):
     if OP == 0:
         y = a + b
     elif OP == 1:
@@ -283,15 +333,9 @@ def _binary_fwd(a, b, OP: tl.constexpr, IS_FLOAT: tl.constexpr):
     elif OP == 4:
         y = _pow(a, b)
     elif OP == 5:    # maximum, NaN-propagating
-        if IS_FLOAT:
-            y = tl.where((a > b) | (a != a), a, b)
-        else:
-            y = tl.where(a > b, a, b)
+        y = common.maximum(a, b)
     elif OP == 6:    # minimum, NaN-propagating
-        if IS_FLOAT:
-            y = tl.where((a < b) | (a != a), a, b)
-        else:
-            y = tl.where(a < b, a, b)
+        y = common.minimum(a, b)
     elif OP == 7:
         y = a == b
     elif OP == 8:
@@ -314,7 +358,7 @@ def _binary_kernel(a, b, c, out, n,
                    BS0, BS1, BS2, BS3, BS4, BS5,
                    CS0, CS1, CS2, CS3, CS4, CS5,
                    OP: tl.constexpr, CT: tl.constexpr, PT: tl.constexpr,
-                   IS_FLOAT: tl.constexpr, AD: tl.constexpr, BD: tl.constexpr,
+                   AD: tl.constexpr, BD: tl.constexpr,
                    CD: tl.constexpr, INTERP: tl.constexpr, BLOCK: tl.constexpr):
     """out = f(a, b); for OP == where: out = c ? a : b."""
     lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -339,7 +383,7 @@ def _binary_kernel(a, b, c, out, n,
     elif OP == 4:    # pow in PT (float64 for float32 inputs: exp(b log a) loses |b log a| ulps)
         y = _pow(av.to(PT), bv.to(PT))
     else:
-        y = _binary_fwd(av, bv, OP, IS_FLOAT)
+        y = _binary_fwd(av, bv, OP)
     tl.store(out + lin, store_value(y, out.dtype.element_ty, INTERP), mask=mask)
 
 
@@ -421,9 +465,9 @@ def _launch_unary(x, op, out_dtype, p0=0.0):
         return out
     mshape, (xs,) = _strides([x], tuple(x.shape))
     block = common.block_for(n)
-    nt_e, nt_l = _nterms(x.dtype)
+    nt_e, nt_l, nt_c = _nterms(x.dtype)
     common.launch(_unary_kernel, (common.cdiv(n, block),), x, out, n, float(p0),
-                  *mshape[1:], *xs, OP=op, CT=_ct(x.dtype), NT_E=nt_e, NT_L=nt_l,
+                  *mshape[1:], *xs, OP=op, CT=_ct(x.dtype), NT_E=nt_e, NT_L=nt_l, NT_C=nt_c,
                   XD=_dense(mshape, xs), INTERP=common.INTERPRET, BLOCK=block)
     return out
 
@@ -439,10 +483,10 @@ def _launch_unary_bwd(grad, x, y, op, p0=0.0):
     use_y = y is not None
     mshape, (gs, xs, ys) = _strides([grad, x, y if use_y else x], shape)
     block = common.block_for(n)
-    nt_e, _ = _nterms(x.dtype)
+    nt_e, _, nt_c = _nterms(x.dtype)
     common.launch(_unary_bwd_kernel, (common.cdiv(n, block),), grad, x, y if use_y else x,
                   out, n, float(p0), *mshape[1:], *gs, *xs, *ys, OP=op, CT=_ct(x.dtype),
-                  NT_E=nt_e, USE_Y=use_y, GD=_dense(mshape, gs), XD=_dense(mshape, xs),
+                  NT_E=nt_e, NT_C=nt_c, USE_Y=use_y, GD=_dense(mshape, gs), XD=_dense(mshape, xs),
                   YD=_dense(mshape, ys), INTERP=common.INTERPRET, BLOCK=block)
     return out
 
@@ -469,7 +513,7 @@ def _launch_binary(a, b, op, cond=None):
     block = common.block_for(n)
     common.launch(_binary_kernel, (common.cdiv(n, block),), tensors[0], tensors[1], tensors[2],
                   out, n, *mshape[1:], *as_, *bs, *cs, OP=op, CT=_ct(a.dtype),
-                  PT=_pow_type(a.dtype), IS_FLOAT=a.dtype in _FLOATS, AD=_dense(mshape, as_),
+                  PT=_pow_type(a.dtype), AD=_dense(mshape, as_),
                   BD=_dense(mshape, bs), CD=_dense(mshape, cs), INTERP=common.INTERPRET,
                   BLOCK=block)
     return out
@@ -602,6 +646,16 @@ def gelu_forward(x):
 def gelu_backward(grad, out, x):
     """dx = g (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2))"""
     return (_launch_unary_bwd(grad, x, None, U_GELU),)
+
+
+def gelu_erf_forward(x):
+    """x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))  (the exact GELU)"""
+    return _launch_unary(x, U_GELU_ERF, x.dtype)
+
+
+def gelu_erf_backward(grad, out, x):
+    """dx = g (Phi(x) + x phi(x)), phi the standard normal density"""
+    return (_launch_unary_bwd(grad, x, None, U_GELU_ERF),)
 
 
 def swish_forward(x):

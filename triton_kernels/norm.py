@@ -53,7 +53,7 @@ def _channel_stats(x, c, C, S, M, eps_hi, eps_lo, CT: tl.constexpr, BLOCK: tl.co
         acc2 += d * d
     sd = tl.sum(acc, axis=0)
     dmean = sd / M
-    var = tl.maximum((tl.sum(acc2, axis=0) - sd * dmean) / M, 0.0)
+    var = common.maximum((tl.sum(acc2, axis=0) - sd * dmean) / M, 0.0)   # (NaN stays NaN)
     istd = 1.0 / tl.sqrt(var + eps_hi + eps_lo)
     return mean, dmean, istd
 

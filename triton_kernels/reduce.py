@@ -16,8 +16,9 @@ write partial results, and a second launch of the same kernel reduces those.
 
 Semantics follow NumPy: the sum of nothing is 0, the mean of nothing NaN; the
 sum of integers or booleans is int64, their mean float64; ``max`` propagates
-NaN. ``max`` backward gives each tied maximum an equal share of the gradient
-(``torch.amax``).
+NaN, on a GPU too (:func:`common.max_along`). ``max`` backward gives each tied
+maximum an equal share of the gradient, and NaN to every entry of a row whose
+maximum is NaN (``torch.amax``).
 """
 import torch
 import triton
@@ -76,16 +77,15 @@ def _reduce_kernel(x, ref, out, M, N, chunk, denom,
         elif OP == 1:
             v = tl.load(ptrs, mask=mask, other=0).to(ACC)
             v = tl.where(mask, v, LOWEST)   # (LOWEST may not fit the loaded type)
-            acc = tl.where((v > acc) | (v != v), v, acc)
+            acc = common.maximum(acc, v)
         else:
             v = tl.load(ptrs, mask=mask, other=0).to(XT)
             acc = acc + ((v == r[:, None]) & mask).to(ACC)
     if OP == 1:
-        # tl.max may ignore NaN (GPU max.f32), so NaN rows are flagged separately
-        res = tl.max(acc, axis=1)
         if IS_FLOAT:
-            nan_row = tl.max((acc != acc).to(tl.int32), axis=1) > 0
-            res = tl.where(nan_row, float("nan"), res)
+            res = common.max_along(acc, 1)   # NaN-propagating (tl.max drops NaN)
+        else:
+            res = tl.max(acc, axis=1)
     else:
         res = tl.sum(acc, axis=1)
     if MEAN:
@@ -301,7 +301,7 @@ def _bcast_bwd_kernel(g, x, y, cnt, out, n, denom,
                       OP: tl.constexpr, CT: tl.constexpr, XT: tl.constexpr,
                       GD: tl.constexpr, XD: tl.constexpr, YD: tl.constexpr,
                       INTERP: tl.constexpr, BLOCK: tl.constexpr):
-    """OP 0 (sum/mean): out = g / denom;  OP 1 (max): out = [x == y] g / count.
+    """OP 0 (sum/mean): out = g / denom;  OP 1 (max): out = (g / count) [x == y].
     g, y and count broadcast to x's shape (y and count share strides)."""
     lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = lin < n
@@ -324,7 +324,7 @@ def _bcast_bwd_kernel(g, x, y, cnt, out, n, denom,
         xv = tl.load(x + xo, mask=mask, other=0).to(XT)
         yv = tl.load(y + yo, mask=mask, other=0).to(XT)
         c = tl.load(cnt + yo, mask=mask, other=1).to(CT)
-        r = tl.where(xv == yv, gv / c, 0.0)
+        r = (gv / c) * (xv == yv).to(CT)   # a NaN maximum (count 0): NaN, as torch.amax
     tl.store(out + lin, common.store_value(r, out.dtype.element_ty, INTERP), mask=mask)
 
 
@@ -385,6 +385,8 @@ def max_backward(grad, out, x, axis=None, keepdims=False):
         return (None,)
     nd = x.dim()
     axis = _normalise_axis(axis, nd)
+    if not axis:   # over no axes the max is the identity: dx = g (NaN entries included)
+        return (common.copy_into(common.empty(x.shape, x.dtype, x.device), grad.reshape(x.shape)),)
     y = _keepdims_view(common.contiguous(out), axis, nd)
     cnt = _reduce(x, axis, OP_COUNT_EQ, torch.int32, keepdims=True, ref=y)
     return (_bcast_bwd(grad, x, axis, 1, y=y, cnt=cnt),)

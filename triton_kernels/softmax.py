@@ -18,7 +18,10 @@ works without a copy. One fused kernel per direction:
 Stability: the row maximum is subtracted before every ``exp``; ``-inf``
 entries (masking) contribute 0; a row that is all ``-inf`` is shifted by 0
 instead of ``-inf`` (no ``-inf - -inf``), which gives torch's results: NaN
-from softmax/logsoftmax (0/0) and ``-inf`` from logsumexp. Arithmetic is in
+from softmax/logsoftmax (0/0) and ``-inf`` from logsumexp. A row holding
+``+inf`` gives NaN from softmax/logsoftmax (``inf - inf``) and ``+inf`` from
+logsumexp (shifted by 0, as torch), and a row holding NaN gives NaN (the row
+maximum propagates NaN on a GPU too: :func:`common.max_along`). Arithmetic is in
 float32 (float64 for float64).
 """
 import triton
@@ -36,20 +39,36 @@ GPU_MAX_BLOCK_L = 4096
 
 
 @triton.jit
-def _online_max_sum(x, xr, cols, L, sxl, CT: tl.constexpr, BR: tl.constexpr, BL: tl.constexpr):
-    """One sweep over the rows in chunks of BL: the running maximum m and the
-    sum s of exp(x - m), rescaled by exp(m_old - m_new) whenever m grows.
-    Returns (m, s), with m = 0 for a row that is all -inf (then s = 0)."""
+def _shift(m, LSE: tl.constexpr):
+    """What a row is shifted by before exp: its maximum m, but 0 where m is
+    -inf (exp(-inf - 0) = 0, not exp(NaN)); for logsumexp (LSE) also 0 where m
+    is +inf, so that the row's result is log(inf) = inf, as torch's."""
+    if LSE:
+        return tl.where((m == float("inf")) | (m == -float("inf")), 0.0, m)
+    else:
+        return tl.where(m == -float("inf"), 0.0, m)
+
+
+@triton.jit
+def _online_max_sum(x, xr, cols, L, sxl, LSE: tl.constexpr, CT: tl.constexpr, BR: tl.constexpr,
+                    BL: tl.constexpr):
+    """One sweep over the rows in chunks of BL: the running maximum m, its
+    shift (see _shift) and the sum s of exp(x - shift), rescaled by
+    exp(shift_old - shift_new) whenever the shift changes (s stays 0 while the
+    row has been all -inf: 0 * exp(0 - shift_new) could be 0 * inf). Returns (shift, s)."""
     m = tl.full((BR,), -float("inf"), CT)
+    shift = tl.zeros((BR,), CT)
     s = tl.zeros((BR,), CT)
     for start in range(0, L, BL):
         c = start + cols
         v = tl.load(x + xr + c * sxl, mask=c < L, other=-float("inf")).to(CT)
-        m_new = tl.maximum(m, tl.max(v, axis=1))
-        shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-        s = s * tl.exp(m - shift) + tl.sum(tl.exp(v - shift[:, None]), axis=1)
+        m_new = common.maximum(m, common.max_along(v, 1))
+        new_shift = _shift(m_new, LSE)
+        rescaled = tl.where(m == -float("inf"), 0.0, s * tl.exp(shift - new_shift))
+        s = rescaled + tl.sum(tl.exp(v - new_shift[:, None]), axis=1)
         m = m_new
-    return tl.where(m == -float("inf"), 0.0, m), s
+        shift = new_shift
+    return shift, s
 
 
 @triton.jit
@@ -73,8 +92,7 @@ def _softmax_fwd_kernel(x, y, R, L,
     if SINGLE:
         cmask = cols < L
         v = tl.load(x + xr + cols * sxl, mask=cmask, other=-float("inf")).to(CT)
-        m = tl.max(v, axis=1)
-        m = tl.where(m == -float("inf"), 0.0, m)
+        m = _shift(common.max_along(v, 1), MODE == 2)
         e = tl.exp(v - m[:, None])
         s = tl.sum(e, axis=1)
         if MODE == 2:
@@ -87,7 +105,7 @@ def _softmax_fwd_kernel(x, y, R, L,
             tl.store(y + yr[:, None] + cols * syl, store_value(out, y.dtype.element_ty, INTERP),
                      mask=rmask[:, None] & cmask)
     else:
-        m, s = _online_max_sum(x, xr, cols, L, sxl, CT, BR, BL)   # sweep 1
+        m, s = _online_max_sum(x, xr, cols, L, sxl, MODE == 2, CT, BR, BL)   # sweep 1
         log_s = tl.log(s)
         if MODE == 2:
             tl.store(y + yr, store_value(m + log_s, y.dtype.element_ty, INTERP), mask=rmask)
@@ -132,7 +150,7 @@ def _softmax_bwd_kernel(g, y, x, dx, R, L,
         # bfloat16), and exp(x - y) would turn that into a relative error as big
         xr = common.nd_offset(rows, D1, D2, D3, D4, D5, X0, X1, X2, X3, X4, X5)[:, None]
         gv = tl.load(g + gr).to(CT)
-        m, s = _online_max_sum(x, xr, cols, L, sxl, CT, BR, BL)
+        m, s = _online_max_sum(x, xr, cols, L, sxl, True, CT, BR, BL)
         m = m[:, None]
         log_s = tl.log(s)[:, None]
         for start in range(0, L, BL):

@@ -8,8 +8,14 @@ domain (``log``/``sqrt``: positive inputs away from 0; ``pow``: positive
 bases; ``div``: denominators away from 0) and, where meaningful, mixes in
 extreme values of +-1e4 (activations must neither overflow nor produce NaN
 there). ``maximum``/``minimum`` and the comparisons often draw values on a
-coarse grid so that ties happen. Integer and boolean inputs are exercised by
-``tests/test_elementwise_family.py``.
+coarse grid so that ties happen. In about two draws in three some entries
+are NaN, +inf and -inf (:func:`with_nonfinite`), where torch, the oracle,
+defines every result: a GPU's min/max instructions drop NaN where NumPy's
+keep it, and a comparison such as ``x > 0`` sends NaN down one branch.
+Binary operations now and then broadcast a small operand over several
+hundred elements, so that the backward's sum back to its shape is long
+(where a sum accumulated in a 16-bit type drifts, when its terms share a sign). Integer and boolean inputs are exercised
+by ``tests/test_elementwise_family.py``.
 """
 import numpy as np
 
@@ -19,6 +25,34 @@ from . import Case, layouts_for, shapes
 EXTREME = 1e4
 #: at most this many elements per drawn array (the interpreter is slow)
 MAX_ELEMENTS = 3000
+#: the non-finite values strategies mix in: torch defines a result for each
+NONFINITE = (np.nan, np.inf, -np.inf)
+#: the broadcast-heavy binary cases: the large operand's size range
+LONG_BROADCAST = (300, 900)
+
+
+def with_nonfinite(draw, x, values=NONFINITE):
+    """A copy of the float64 array ``x`` with ``min(x.size, len(values))``
+    entries at distinct random positions set to ``values`` (NaN, +inf, -inf),
+    in turn from a random one; ``x`` itself when it is empty. Shared by the
+    strategies of every family whose kernels compare, take maxima or branch."""
+    from hypothesis import strategies as st
+    x = np.array(x, dtype=np.float64)
+    if x.size == 0:
+        return x
+    k = min(x.size, len(values))
+    where = draw(st.lists(st.integers(0, x.size - 1), min_size=k, max_size=k, unique=True))
+    first = draw(st.integers(0, len(values) - 1))
+    for i, pos in enumerate(where):
+        x.flat[pos] = values[(first + i) % len(values)]
+    return x
+
+
+def nonfinite_draw(draw, out_of=3):
+    """Whether this draw mixes in non-finite values: all but one draw in
+    ``out_of`` (two in three by default)."""
+    from hypothesis import strategies as st
+    return draw(st.integers(0, out_of - 1)) > 0
 
 
 def _size(shape):
@@ -79,6 +113,7 @@ _UNARY_DOMAIN = {
     "sigmoid": (-8.0, 8.0, True),
     "relu": (-4.0, 4.0, True),
     "gelu": (-4.0, 5.0, True),      # below -4, torch's float64 0.5x(1+tanh u) cancels (> 1e-10)
+    "gelu_erf": (-4.0, 5.0, True),  # ... and its 0.5x(1+erf(x/sqrt 2)) likewise
     "swish": (-6.0, 6.0, True),
     "softplus": (-6.0, 6.0, True),
     "leakyrelu": (-4.0, 4.0, True),
@@ -97,9 +132,13 @@ def _unary_case(name, dtype, attrs_strategy=None):
         extreme = can_extreme and draw(st.integers(0, 3)) == 0
         grid = 0.5 if name in ("relu", "abs", "leakyrelu", "elu") and draw(st.booleans()) else None
         x = _values(draw, shape, low, high, extreme, grid)   # grid: exact zeros (kinks)
+        nonfinite = nonfinite_draw(draw)
+        if nonfinite:
+            x = with_nonfinite(draw, x)
         attrs = draw(attrs_strategy) if attrs_strategy is not None else {}
         return Case(inputs=(x,), attrs=attrs, layouts=draw(layouts_for(1)),
-                    note=f"{shape}" + (" extreme" if extreme else "") + (" grid" if grid else ""))
+                    note=f"{shape}" + (" extreme" if extreme else "") + (" grid" if grid else "")
+                    + (" NaN/inf" if nonfinite else ""))
     return case()
 
 
@@ -139,6 +178,10 @@ def gelu_strategy(dtype):
     return _unary_case("gelu", dtype)
 
 
+def gelu_erf_strategy(dtype):
+    return _unary_case("gelu_erf", dtype)
+
+
 def swish_strategy(dtype):
     return _unary_case("swish", dtype)
 
@@ -175,16 +218,37 @@ def cast_strategy(dtype):
 
 # --- binary ---------------------------------------------------------------------------------
 
+def _long_broadcast_shapes(draw):
+    """A pair (large, small) or (small, large): the small operand (a scalar,
+    one element, or one row) broadcasts over LONG_BROADCAST elements."""
+    from hypothesis import strategies as st
+    rows = draw(st.integers(20, 60))
+    cols = draw(st.integers(*LONG_BROADCAST).map(lambda n: max(1, n // rows)))
+    large = (rows, cols)
+    small = draw(st.sampled_from([(), (1,), (1, 1), (cols,), (1, cols)]))
+    return (large, small) if draw(st.booleans()) else (small, large)
+
+
 def _binary_case(name, make):
-    """``make(draw, shape_a, shape_b) -> (a, b, note)``."""
+    """``make(draw, shape_a, shape_b) -> (a, b, note)``; non-finite entries
+    in ``a``, ``b`` or both in about two draws in three; about one draw in
+    five broadcasts a small operand over several hundred elements."""
     from hypothesis import strategies as st
 
     @st.composite
     def case(draw):
-        sa, sb = _broadcast_shapes(draw, 2)
+        long_broadcast = draw(st.integers(0, 4)) == 0
+        sa, sb = _long_broadcast_shapes(draw) if long_broadcast else _broadcast_shapes(draw, 2)
         a, b, note = make(draw, sa, sb)
+        nonfinite = nonfinite_draw(draw)
+        if nonfinite:
+            which = draw(st.sampled_from(("a", "b", "both")))
+            a = with_nonfinite(draw, a) if which != "b" else a
+            b = with_nonfinite(draw, b) if which != "a" else b
+            note = f"{note} NaN/inf in {which}"
         return Case(inputs=(a, b), layouts=draw(layouts_for(2)),
-                    note=f"{sa} with {sb}" + (f" {note}" if note else ""))
+                    note=f"{sa} with {sb}" + (" (long broadcast)" if long_broadcast else "")
+                    + (f" {note}" if note else ""))
     return case()
 
 
@@ -242,14 +306,10 @@ def minimum_strategy(dtype):
 
 
 def _comparison_values(draw, sa, sb):
-    """Values on a coarse grid (ties), now and then a NaN (compares unequal)."""
-    from hypothesis import strategies as st
+    """Values on a coarse grid (ties); NaN (compares unequal) and the
+    infinities come from _binary_case."""
     a = _values(draw, sa, -2.0, 2.0, grid=0.5)
     b = _values(draw, sb, -2.0, 2.0, grid=0.5)
-    if draw(st.integers(0, 3)) == 0 and a.size:
-        a = a.copy()
-        a.flat[draw(st.integers(0, a.size - 1))] = np.nan
-        return a, b, "with NaN"
     return a, b, ""
 
 
@@ -287,8 +347,11 @@ def where_strategy(dtype):
         cond = draw(hnp.arrays(np.bool_, sc))
         a = _values(draw, sa, -3.0, 3.0)
         b = _values(draw, sb, -3.0, 3.0)
+        nonfinite = nonfinite_draw(draw)
+        if nonfinite:
+            a, b = with_nonfinite(draw, a), with_nonfinite(draw, b)
         return Case(inputs=(cond, a, b), layouts=draw(layouts_for(3)),
-                    note=f"cond {sc}, a {sa}, b {sb}")
+                    note=f"cond {sc}, a {sa}, b {sb}" + (" NaN/inf" if nonfinite else ""))
     return case()
 
 
@@ -339,6 +402,11 @@ def gelu_torch(x):
     return F.gelu(x, approximate="tanh")
 
 
+def gelu_erf_torch(x):
+    import torch.nn.functional as F
+    return F.gelu(x, approximate="none")
+
+
 def swish_torch(x):
     import torch.nn.functional as F
     return F.silu(x)
@@ -355,8 +423,12 @@ def leakyrelu_torch(x, negative_slope=0.01):
 
 
 def elu_torch(x, alpha=1.0):
-    import torch.nn.functional as F
-    return F.elu(x, alpha)
+    """elu by its definition, x if x > 0 else alpha (exp(x) - 1), in torch
+    (F.elu's values): F.elu's own gradient at NaN is NaN in torch's vectorised
+    CPU loop but g in its scalar loop and on CUDA; this one is NaN everywhere."""
+    import torch
+    negative = torch.where(x > 0, torch.zeros_like(x), x)   # (exp(1e4) in the unused branch: 0 * inf)
+    return torch.where(x > 0, x, alpha * torch.expm1(negative))
 
 
 def cast_torch(x, dtype):

@@ -5,7 +5,12 @@ Inputs: x of shape (N, C, *spatial) with 0, 1 or 2 spatial axes (so (N, C),
 beta (beta kept away from 0 so the output has a scale); for ``batchnorm_test``
 a given mean and a positive variance. eps from a few orders of magnitude.
 About one draw in four adds a per-channel offset of 50 to x (a naive
-E[x^2] - E[x]^2 variance loses digits there). Random memory layouts.
+E[x^2] - E[x]^2 variance loses digits there). Random memory layouts. In
+about two draws in three a few entries of x are NaN, +inf and -inf: their
+channels' statistics, outputs and gradients are NaN, as torch's (a variance
+floor of max(var, 0) must not drop the NaN on a GPU). gamma, beta and the
+given statistics stay finite: with those infinite, torch's CPU kernel (which
+folds them into one scale and shift) and its CUDA kernel disagree.
 
 Each channel has M = N * prod(spatial) values: the train strategy keeps M
 either 0 or >= 3. With M = 1 the output is exactly beta and with M = 2 the
@@ -14,6 +19,7 @@ and a relative comparison with torch measures only roundoff; those cases
 are pinned by tests/test_norm_family.py instead.
 """
 from . import Case, floats, layouts_for
+from .elementwise import nonfinite_draw, with_nonfinite
 
 EPS_CHOICES = (1e-5, 1e-3, 0.1)
 
@@ -45,6 +51,9 @@ def _case(st, draw, train):
     offset = draw(st.integers(0, 3)) == 0
     if offset:
         x = x + 50.0
+    nonfinite = nonfinite_draw(draw)
+    if nonfinite:
+        x = with_nonfinite(draw, x)
     gamma = draw(floats((c,), -2.0, 2.0))
     beta = draw(_nonzero(st, c))
     eps = draw(st.sampled_from(EPS_CHOICES))
@@ -55,7 +64,8 @@ def _case(st, draw, train):
         inputs = inputs + (mean, var)
     return Case(inputs=inputs, attrs={"eps": eps}, layouts=draw(layouts_for(len(inputs))),
                 grad_inputs=(0, 1, 2),
-                note=f"x {shape} eps={eps}" + (" offset 50" if offset else ""))
+                note=f"x {shape} eps={eps}" + (" offset 50" if offset else "")
+                + (" NaN/inf" if nonfinite else ""))
 
 
 def batchnorm_train_strategy(dtype):

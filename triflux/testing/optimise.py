@@ -4,7 +4,9 @@ A case is ``Case(inputs=(x, g, *states), attrs=hyperparameters)``; every
 array has one shape. States are drawn where a real run could put them:
 second moments (Adam's ``v``, RMSProp's ``s``) are positive (in [0.05, 4])
 while first moments and velocities lie in [-1, 1], so ``m / (sqrt(v) + eps)``
-stays moderate and float16 does not overflow.
+stays moderate and float16 does not overflow. In about three draws in four
+a few entries of ``x`` and of ``g`` are NaN, +inf and -inf (a diverged step):
+the update must give torch's NaN and infinities, not clamp them away.
 
 The oracles ``<name>_torch(*tensors, **attrs)`` return a tuple with the NEW
 values of the mutated inputs (``x`` and then the states, in input order),
@@ -16,6 +18,7 @@ import math
 from hypothesis import strategies as st
 
 from . import Case, floats, layouts_for, shapes
+from .elementwise import nonfinite_draw, with_nonfinite
 
 ETA = st.sampled_from([1e-3, 0.01, 0.1, 0.5])
 RHO = st.sampled_from([0.0, 0.5, 0.9, 0.99])
@@ -38,6 +41,8 @@ def _arrays(draw, n_states, positive=()):
     shape = draw(_shape())
     x = draw(floats(shape, extreme=True))
     g = draw(floats(shape, -2.0, 2.0, extreme=True))
+    if nonfinite_draw(draw, out_of=4):
+        x, g = with_nonfinite(draw, x), with_nonfinite(draw, g)
     states = []
     for k in range(n_states):
         if k in positive:

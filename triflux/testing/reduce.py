@@ -4,13 +4,16 @@ Inputs: 0- to 4-d float64 arrays with awkward sides (0 and 1 included), any
 subset of the axes (``()`` and all of them included, as a sorted tuple of
 non-negative ints), ``keepdims`` either way, random memory layouts. ``max``
 never reduces over an empty axis (the ops layer raises first) and often
-draws values on a coarse grid so that tied maxima share the gradient. Empty
+draws values on a coarse grid so that tied maxima share the gradient. In
+about two draws in three a few entries are NaN, +inf and -inf (a NaN row
+maximum, and its NaN gradient, as torch.amax; an infinite sum). Empty
 reductions, integer and boolean inputs, long rows and 5-6-d inputs are in
 ``tests/test_reduce_family.py``.
 """
 import numpy as np
 
 from . import Case, layouts_for, shapes
+from .elementwise import nonfinite_draw, with_nonfinite
 
 MAX_ELEMENTS = 3000
 
@@ -48,11 +51,15 @@ def _case(name):
         x = draw(hnp.arrays(np.float64, shape, elements=elements))
         if grid:
             x = np.round(x * 2) / 2
+        nonfinite = nonfinite_draw(draw)
+        if nonfinite:
+            x = with_nonfinite(draw, x)
         keepdims = draw(st.booleans())
         return Case(inputs=(x,), attrs={"axis": axis, "keepdims": keepdims},
                     layouts=draw(layouts_for(1)),
                     note=f"{shape} axis={axis} keepdims={keepdims}"
-                         + (" extreme" if extreme else "") + (" grid (ties)" if grid else ""))
+                         + (" extreme" if extreme else "") + (" grid (ties)" if grid else "")
+                         + (" NaN/inf" if nonfinite else ""))
     return case()
 
 

@@ -4,9 +4,13 @@ logsumexp).
 Inputs: 1- to 4-d arrays with awkward sides (0 and 1 included), a random
 axis (first, middle, last; sometimes negative), random memory layouts, and in
 about one draw in four extreme logits of +-1e4 mixed with ordinary ones (the
-case a naive ``exp`` overflows on).
+case a naive ``exp`` overflows on). In about two draws in three a few entries
+are NaN, +inf and -inf, and in half of those one row is all -inf (a fully
+masked row): torch's results there are NaN (softmax, logsoftmax) and -inf or
++inf (logsumexp), and a GPU's row maximum must not drop a NaN.
 """
 from . import Case, layouts_for, shapes
+from .elementwise import nonfinite_draw, with_nonfinite
 
 #: the extreme logit a naive exp(x) / sum(exp(x)) overflows on
 EXTREME = 1e4
@@ -38,11 +42,20 @@ def _case(st, draw, with_keepdims):
         axis -= nd                        # the negative spelling, now and then
     extreme = draw(st.integers(0, 3)) == 0
     x = draw(_logits(shape, extreme))
+    nonfinite = nonfinite_draw(draw)
+    masked_row = nonfinite and x.size > 0 and draw(st.booleans())
+    if nonfinite:
+        x = with_nonfinite(draw, x)
+    if masked_row:   # one whole row along the axis -inf
+        row = [draw(st.integers(0, s - 1)) for s in shape]
+        row[axis % nd] = slice(None)
+        x[tuple(row)] = -float("inf")
     attrs = {"axis": axis}
     if with_keepdims:
         attrs["keepdims"] = draw(st.booleans())
     return Case(inputs=(x,), attrs=attrs, layouts=draw(layouts_for(1)),
-                note=f"{shape} axis={axis}" + (" extreme" if extreme else ""))
+                note=f"{shape} axis={axis}" + (" extreme" if extreme else "")
+                + (" NaN/inf" if nonfinite else "") + (" an all -inf row" if masked_row else ""))
 
 
 def softmax_strategy(dtype):
