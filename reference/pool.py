@@ -1,40 +1,66 @@
-"""Pooling and upsampling, NumPy reference (forward and backward).
+"""Pooling, NumPy reference (forward and backward).
 
 Arrays are batch-first NCHW: ``x`` has shape (N, C, H, W) and every
 primitive works on the last two (spatial) axes, independently per (n, c).
 
-Attributes (Python ints / tuples):
+Pooling with fixed windows (``maxpool2d``, ``meanpool2d``); attributes:
 
-* ``window = (kh, kw)``, ``stride = (sh, sw)``: positive;
+* ``window = (kh, kw)``, ``stride = (sh, sw)``, ``dilation = (dh, dw)``
+  (max pooling only): positive ints. The window of output (i, j) reads the
+  input pixels
+
+      (i*sh - top + a*dh,  j*sw - left + b*dw)   for 0 <= a < kh, 0 <= b < kw,
+
+  scanned row-major (a, then b); positions outside the input are padding.
 * ``padding = (top, bottom, left, right)``: non-negative, each smaller than
-  the window along its axis (so every window holds at least one real pixel);
-* ``scale = (sh, sw)``: positive integer upsampling factors.
+  the window's extent ``eh = dh*(kh - 1) + 1`` (``ew`` likewise) along its axis.
+* ``ceil_mode``: the output size along an axis of length n, with pads lo, hi,
+  extent e and stride s, is (torch's rule)
 
-Pooling output size: ``Ho = (H + top + bottom - kh) // sh + 1`` (likewise
-``Wo``); output pixel (i, j) reads the window whose top-left corner is input
-pixel ``(i*sh - top, j*sw - left)``. Upsampling output size: ``(H*sh, W*sw)``.
+      floor mode:  n_out = floor((n + lo + hi - e) / s) + 1
+      ceil mode:   n_out = ceil((n + lo + hi - e) / s) + 1, less one if that
+                   last window would start at or past n + lo (in the padded
+                   input: inside the bottom/right padding)
 
-Half-precision inputs (float16, bfloat16) accumulate in float32; the results
-are returned in the input's dtype.
+  so ceil mode adds the partial window at the end (it reads past the
+  bottom/right padding, which counts as padding too).
+* every window must hold at least one input pixel (only a dilated window
+  can miss them all, stepping over a small input; an error names the fix),
+  so a maximum or a mean is always over real pixels.
+
+Adaptive pooling (``adaptive_maxpool2d``, ``adaptive_meanpool2d``) to
+``size = (Ho, Wo)``: along an axis of length n to n_out outputs, output i
+reads the input positions ``floor(i*n/n_out) <= p < ceil((i+1)*n/n_out)``
+(torch's windows: they cover the input, overlap by at most one position
+when n_out does not divide n, and repeat positions when n_out > n).
+
+Maxima: NaN propagates. The backward sends each output's gradient to the one
+input pixel its maximum came from, by torch's rule: the first maximal pixel
+in row-major window order, or, in a window holding NaN, the last NaN;
+padding is never chosen.
+
+Half-precision inputs (float16, bfloat16) accumulate in float32 and are
+rounded once; results come in the input's dtype. The machinery (a map along
+one axis, applied to the rows and to the columns) is
+``triflux.reference._separable``.
 """
+from dataclasses import dataclass
+from functools import lru_cache
+
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import ShapeError
+from ._separable import AxisMap
+from ._util import compute_dtype
 
 
-# --- helpers ------------------------------------------------------------------------------------
+# --- geometry ------------------------------------------------------------------------------------
 
-def _acc(dtype):
-    """The dtype sums are formed in: float32 for 2-byte floats, else the dtype itself."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype.itemsize == 2 else dtype
-
-
-def _pair(v, name):
+def _ints(v, n, name, low):
     v = tuple(int(a) for a in v)
-    if len(v) != 2 or min(v) < 1:
-        raise ShapeError(f"{name} must be two positive ints, got {v}")
+    if len(v) != n or min(v) < low:
+        kind = "positive" if low == 1 else "non-negative"
+        raise ShapeError(f"{name} must be {n} {kind} ints, got {v}")
     return v
 
 
@@ -43,223 +69,227 @@ def _check_x(x, what):
         raise ShapeError(f"{what} expects an NCHW array of 4 dimensions, got shape {np.shape(x)}")
 
 
-def pool_geometry(shape, window, stride, padding):
-    """(kh, kw), (sh, sw), (pt, pb, pl, pr), (Ho, Wo) for a pooling of an
-    NCHW array of ``shape``; raises ShapeError on bad attributes."""
-    kh, kw = _pair(window, "window")
-    sh, sw = _pair(stride, "stride")
-    pad = tuple(int(p) for p in padding)
-    if len(pad) != 4 or min(pad) < 0:
-        raise ShapeError(f"padding must be four non-negative ints (top, bottom, left, right), got {pad}")
-    pt, pb, pl, pr = pad
-    if max(pt, pb) >= kh or max(pl, pr) >= kw:
-        raise ShapeError(f"padding {pad} must be smaller than the window {(kh, kw)} along each axis")
-    H, W = shape[2], shape[3]
-    if H + pt + pb < kh or W + pl + pr < kw:
-        raise ShapeError(f"the window {(kh, kw)} is larger than the padded input "
-                         f"{(H + pt + pb, W + pl + pr)}")
-    Ho = (H + pt + pb - kh) // sh + 1
-    Wo = (W + pl + pr - kw) // sw + 1
-    return (kh, kw), (sh, sw), (pt, pb, pl, pr), (Ho, Wo)
+@dataclass(frozen=True, eq=False)
+class PoolAxis:
+    """One spatial axis of a pooling: ``out`` outputs, the row (or column)
+    windows as an :class:`AxisMap`, and per output the number of its taps
+    inside the padded input (``padded_count``, the divisor of a mean that
+    counts padding) and inside the input (``real_count``)."""
+    out: int
+    windows: AxisMap
+    padded_count: np.ndarray
+    real_count: np.ndarray
 
 
-def _windows(xp, window, stride, out_hw):
-    """The pooling windows of the padded array ``xp``: shape (N, C, Ho, Wo, kh, kw)."""
-    (kh, kw), (sh, sw), (Ho, Wo) = window, stride, out_hw
-    return sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw][:, :, :Ho, :Wo]
+@lru_cache(maxsize=512)
+def pool_axis(n, k, s, lo, hi, d, ceil_mode, name="height"):
+    """The :class:`PoolAxis` of input length n, window k, stride s, pads
+    (lo, hi), dilation d; raises ShapeError when no window fits, or when a
+    window reads only padding."""
+    if n < 1:
+        raise ShapeError(f"pooling needs a non-empty input {name}, got {n}")
+    extent = d * (k - 1) + 1
+    span = n + lo + hi - extent
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= n + lo:
+        out -= 1                               # the last window would start inside the bottom/right padding
+    if out < 1:
+        raise ShapeError(f"the window's {name} extent {extent} (window {k}, dilation {d}) is larger than the "
+                         f"padded input {name} {n + lo + hi} (input {n} + padding {lo} + {hi}); "
+                         "use a smaller window or pad the input")
+    index = np.arange(out)[:, None] * s - lo + np.arange(k)[None, :] * d
+    real = (index >= 0) & (index < n)
+    empty = np.flatnonzero(~real.any(axis=1))
+    if empty.size:                             # only with dilation (torch's result is undefined there)
+        raise ShapeError(f"along the {name}, window {int(empty[0])} of {out} reads only padding (input {name} {n}, "
+                         f"window {k}, stride {s}, padding ({lo}, {hi}), dilation {d}): a dilated window steps over "
+                         "the input; use less padding or a smaller dilation")
+    padded = ((index >= -lo) & (index < n + hi)).sum(axis=1)
+    return PoolAxis(out, AxisMap(n, index, real), padded, real.sum(axis=1))
 
 
-def _pad(x, padding, value):
-    pt, pb, pl, pr = padding
-    return np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=value)
+@dataclass(frozen=True, eq=False)
+class PoolGeometry:
+    """The geometry of a pooling of an NCHW array: attributes as given
+    (normalised to tuples) and the two :class:`PoolAxis`."""
+    window: tuple
+    stride: tuple
+    padding: tuple
+    dilation: tuple
+    ceil_mode: bool
+    rows: PoolAxis
+    cols: PoolAxis
+
+    @property
+    def out_size(self):
+        return (self.rows.out, self.cols.out)
+
+    def divisor(self, count_include_pad):
+        """(Ho, Wo): the number of taps a mean divides by, torch's rule: the
+        window's taps inside the padded input (count_include_pad), or inside
+        the input only (a ceil-mode window's taps past the padding never count)."""
+        if count_include_pad:
+            return np.outer(self.rows.padded_count, self.cols.padded_count)
+        return np.outer(self.rows.real_count, self.cols.real_count)
 
 
-def _scatter_windows(contrib, x_shape, window, stride, padding, dtype):
-    """The adjoint of ``_windows`` (after padding): sums the per-window
-    contributions ``contrib`` (N, C, Ho, Wo, kh, kw) back onto the input
-    pixels they came from, then drops the padding:
-
-        gp[i*sh + a, j*sw + b] += contrib[i, j, a, b]   for every (i, j, a, b)
-
-    vectorised over (i, j), one step per window offset (a, b): for a fixed
-    offset distinct windows hit distinct pixels, so a plain ``+=`` is exact."""
-    (kh, kw), (sh, sw) = window, stride
-    pt, pb, pl, pr = padding
-    N, C, H, W = x_shape
-    Ho, Wo = contrib.shape[2], contrib.shape[3]
-    gp = np.zeros((N, C, H + pt + pb, W + pl + pr), dtype=dtype)
-    rows = np.arange(Ho) * sh
-    cols = np.arange(Wo) * sw
-    for a in range(kh):
-        for b in range(kw):
-            # distinct windows at a fixed offset (a, b) hit distinct pixels: a plain += is exact
-            gp[:, :, (rows + a)[:, None], (cols + b)[None, :]] += contrib[:, :, :, :, a, b]
-    return gp[:, :, pt:pt + H, pl:pl + W]
+def pool_geometry(shape, window, stride, padding, dilation=(1, 1), ceil_mode=False):
+    """The :class:`PoolGeometry` of a pooling of an NCHW array of ``shape``;
+    raises ShapeError (saying what to change) on bad attributes."""
+    kh, kw = _ints(window, 2, "window", 1)
+    sh, sw = _ints(stride, 2, "stride", 1)
+    dh, dw = _ints(dilation, 2, "dilation", 1)
+    pt, pb, pl, pr = _ints(padding, 4, "padding (top, bottom, left, right)", 0)
+    eh, ew = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+    if max(pt, pb) >= eh or max(pl, pr) >= ew:
+        raise ShapeError(f"padding {(pt, pb, pl, pr)} must be smaller than the window {(kh, kw)} along each axis "
+                         f"(its extent {(eh, ew)} with dilation {(dh, dw)})")
+    rows = pool_axis(int(shape[2]), kh, sh, pt, pb, dh, bool(ceil_mode), "height")
+    cols = pool_axis(int(shape[3]), kw, sw, pl, pr, dw, bool(ceil_mode), "width")
+    return PoolGeometry((kh, kw), (sh, sw), (pt, pb, pl, pr), (dh, dw), bool(ceil_mode), rows, cols)
 
 
-# --- max pooling --------------------------------------------------------------------------------
-
-def maxpool2d_forward(x, window, stride, padding):
-    """y[n, c, i, j] = max_{0<=a<kh, 0<=b<kw} xp[n, c, i*sh + a, j*sw + b]
-
-    with ``xp`` = x padded by ``padding`` with -inf (padding never wins).
-    NaN propagates (a window holding a NaN gives NaN)."""
-    _check_x(x, "maxpool2d")
-    win, st, pad, out_hw = pool_geometry(x.shape, window, stride, padding)
-    xp = _pad(x, pad, -np.inf)
-    w = _windows(xp, win, st, out_hw)
-    if w.size == 0:
-        return np.zeros(x.shape[:2] + out_hw, dtype=x.dtype)
-    return np.max(w, axis=(4, 5)).astype(x.dtype, copy=False)
+def adaptive_bounds(n, n_out):
+    """(start, end) of the n_out adaptive windows over n positions:
+    start = floor(i*n/n_out), end = ceil((i+1)*n/n_out)."""
+    i = np.arange(n_out)
+    return (i * n) // n_out, -((-(i + 1) * n) // n_out)
 
 
-def maxpool2d_backward(grad, out, x, window, stride, padding):
-    """dx[n, c, p, q] = sum over windows (i, j) whose argmax is (p, q) of g[n, c, i, j]
-
-    The argmax of a window is the FIRST element, in row-major scan order of the
-    window (a, then b), that equals the window's maximum (torch's choice; NaN
-    counts as the maximum). Padding positions are never chosen, so a window
-    whose real pixels are all -inf sends its gradient to its first real pixel.
-    The maximum is recomputed from ``x`` (``out`` is not used)."""
-    _check_x(x, "maxpool2d")
-    win, st, pad, out_hw = pool_geometry(x.shape, window, stride, padding)
-    kh, kw = win
-    N, C = x.shape[:2]
-    dtype = _acc(x.dtype)
-    if x.size == 0 or N * C * out_hw[0] * out_hw[1] == 0:
-        return (np.zeros(x.shape, dtype=x.dtype),)
-    xp = _pad(x, pad, -np.inf)
-    w = _windows(xp, win, st, out_hw).reshape(N, C, *out_hw, kh * kw)
-    real = _windows(_pad(np.ones(x.shape, dtype=bool), pad, False), win, st, out_hw)
-    real = real.reshape(N, C, *out_hw, kh * kw)
-    m = np.max(w, axis=4, keepdims=True)
-    is_max = real & ((w == m) | np.isnan(w))
-    first = np.argmax(is_max, axis=4)                        # first True in scan order
-    onehot = np.arange(kh * kw) == first[..., None]
-    contrib = np.where(onehot, np.asarray(grad, dtype=dtype)[..., None], 0).astype(dtype)
-    dx = _scatter_windows(contrib.reshape(N, C, *out_hw, kh, kw), x.shape, win, st, pad, dtype)
-    return (dx.astype(x.dtype),)
+@lru_cache(maxsize=512)
+def adaptive_axis(n, n_out, name="height"):
+    """The :class:`AxisMap` of the adaptive windows from n to n_out positions."""
+    if n < 1 or n_out < 1:
+        raise ShapeError(f"adaptive pooling needs a positive input and output {name}, got {n} -> {n_out}")
+    start, end = adaptive_bounds(n, n_out)
+    k = int((end - start).max())
+    index = start[:, None] + np.arange(k)[None, :]
+    return AxisMap(n, index, index < end[:, None])
 
 
-# --- mean pooling -------------------------------------------------------------------------------
-
-def meanpool2d_forward(x, window, stride, padding):
-    """y[n, c, i, j] = (1 / (kh*kw)) * sum_{a, b} xp[n, c, i*sh + a, j*sw + b]
-
-    with ``xp`` = x padded with zeros; the divisor is always the full window
-    size kh*kw (torch's count_include_pad=True)."""
-    _check_x(x, "meanpool2d")
-    win, st, pad, out_hw = pool_geometry(x.shape, window, stride, padding)
-    acc = _acc(x.dtype)
-    xp = _pad(x.astype(acc), pad, 0)
-    w = _windows(xp, win, st, out_hw)
-    y = np.sum(w, axis=(4, 5)) / acc.type(win[0] * win[1])
-    return y.astype(x.dtype)
+def adaptive_geometry(shape, size):
+    """The row and column maps of an adaptive pooling of ``shape`` to ``size``."""
+    Ho, Wo = _ints(size, 2, "size", 1)
+    return adaptive_axis(int(shape[2]), Ho, "height"), adaptive_axis(int(shape[3]), Wo, "width")
 
 
-def meanpool2d_backward(grad, out, x, window, stride, padding):
-    """dx[n, c, p, q] = (1 / (kh*kw)) * sum over windows (i, j) covering (p, q) of g[n, c, i, j]
+# --- shared forward/backward bodies --------------------------------------------------------------
 
-    (the adjoint of the forward: each output spreads g / (kh*kw) over its
-    window; what lands on padding is dropped)."""
-    _check_x(x, "meanpool2d")
-    win, st, pad, out_hw = pool_geometry(x.shape, window, stride, padding)
-    kh, kw = win
-    acc = _acc(x.dtype)
-    g = np.asarray(grad, dtype=acc) / acc.type(kh * kw)
-    contrib = np.broadcast_to(g[..., None, None], g.shape + (kh, kw))
-    dx = _scatter_windows(contrib, x.shape, win, st, pad, acc)
-    return (dx.astype(x.dtype),)
+def _max_forward(x, rows, cols):
+    """y[n, c, i, j] = max over the window (rows i) x (cols j) of x: the column maxima, then the row maxima."""
+    return rows.max(cols.max(x, 3), 2)
 
 
-# --- upsampling ---------------------------------------------------------------------------------
+def _max_backward(grad, x, rows, cols):
+    """dx[n, c, p, q] = sum of g[n, c, i, j] over the windows (i, j) whose
+    maximum came from (p, q) (torch's rule, see the module docstring).
 
-def nearest_source(size, scale):
-    """src[d] = floor(d / scale) for the ``size * scale`` output positions d."""
-    return np.arange(size * scale) // scale
-
-
-def upsample_nearest2d_forward(x, scale):
-    """y[n, c, i, j] = x[n, c, floor(i / sh), floor(j / sw)],  y: (N, C, H*sh, W*sw)."""
-    _check_x(x, "upsample_nearest2d")
-    sh, sw = _pair(scale, "scale")
-    H, W = x.shape[2:]
-    return x[:, :, nearest_source(H, sh)[:, None], nearest_source(W, sw)[None, :]]
-
-
-def upsample_nearest2d_backward(grad, out, x, scale):
-    """dx[n, c, p, q] = sum_{0<=a<sh, 0<=b<sw} g[n, c, p*sh + a, q*sw + b]
-
-    (each input pixel was copied to an sh x sw block: its gradient is the
-    block's sum)."""
-    _check_x(x, "upsample_nearest2d")
-    sh, sw = _pair(scale, "scale")
+    The row-major rule is separable: the maximum of each row's part of a
+    window and its column (the first maximal one, or the last NaN), then,
+    over the window's rows, the first row whose part attains the maximum
+    (or the last row holding NaN) with that row's column."""
     N, C, H, W = x.shape
-    acc = _acc(x.dtype)
-    g = np.asarray(grad, dtype=acc).reshape(N, C, H, sh, W, sw)
-    return (g.sum(axis=(3, 5)).astype(x.dtype),)
+    row_max, col_of = cols.argmax(x, 3)                      # (N, C, H, Wo)
+    _, row = rows.argmax(row_max, 2)                         # (N, C, Ho, Wo)
+    col = np.take_along_axis(col_of, row, axis=2)
+    plane = np.arange(N * C).reshape(N, C, 1, 1) * (H * W)   # offset of image (n, c) in dx
+    where = (plane + row * W + col).ravel()
+    g = np.asarray(grad, dtype=np.float64).ravel()
+    dx = np.bincount(where, weights=g, minlength=N * C * H * W)   # sums in float64, one rounding
+    return dx.reshape(x.shape).astype(x.dtype)
 
 
-def bilinear_source(size, scale):
-    """Per output position d (``size * scale`` of them) the two source indices
-    and the weight of the second, with torch's align_corners=False:
-
-        s   = max((d + 0.5) / scale - 0.5, 0)
-        i0  = floor(s),  i1 = min(i0 + 1, size - 1),  lam = s - i0
-
-    so that out[d] = (1 - lam) * in[i0] + lam * in[i1] (at the last rows
-    i1 == i0 and the two weights add up to 1)."""
-    d = np.arange(size * scale)
-    s = np.maximum((d + 0.5) / scale - 0.5, 0.0)
-    i0 = np.floor(s).astype(np.int64)
-    i1 = np.minimum(i0 + 1, max(size - 1, 0))
-    return i0, i1, s - i0
+def _mean_forward(x, rows, cols, divisor):
+    """y = (window sums) / divisor, summed in the compute dtype and rounded once."""
+    acc = compute_dtype(x.dtype)
+    s = rows.sum(cols.sum(x, 3, acc), 2, acc)
+    s /= divisor.astype(acc)
+    return s.astype(x.dtype, copy=False)
 
 
-def _interp(x, axis, scale, dtype):
-    """1-d linear interpolation of ``x`` along ``axis`` (a gather)."""
-    i0, i1, lam = bilinear_source(x.shape[axis], scale)
-    shape = [1] * x.ndim
-    shape[axis] = -1
-    lam = lam.astype(dtype).reshape(shape)
-    return (1 - lam) * np.take(x, i0, axis=axis) + lam * np.take(x, i1, axis=axis)
+def _mean_backward(grad, x, rows, cols, divisor):
+    """dx[p, q] = sum over the windows (i, j) holding (p, q) of g[i, j] / divisor[i, j]."""
+    acc = compute_dtype(x.dtype)
+    g = np.asarray(grad).astype(acc) / divisor.astype(acc)
+    return rows.adjoint(cols.adjoint(g, 3, acc), 2, acc).astype(x.dtype, copy=False)
 
 
-def _interp_adjoint(g, axis, size, scale, dtype):
-    """The adjoint of ``_interp``: out[i0[d]] += (1 - lam[d]) g[d], out[i1[d]] += lam[d] g[d]
-    (a scatter-add along ``axis``)."""
-    i0, i1, lam = bilinear_source(size, scale)
-    gT = np.moveaxis(g, axis, 0)                                  # the axis first
-    lam = lam.astype(dtype).reshape((-1,) + (1,) * (gT.ndim - 1))
-    out = np.zeros((size,) + gT.shape[1:], dtype=dtype)
-    np.add.at(out, i0, (1 - lam) * gT)
-    np.add.at(out, i1, lam * gT)
-    return np.moveaxis(out, 0, axis)
+# --- max pooling ---------------------------------------------------------------------------------
+
+def maxpool2d_forward(x, window, stride, padding, dilation=(1, 1), ceil_mode=False):
+    """y[n, c, i, j] = max_{0<=a<kh, 0<=b<kw} x[n, c, i*sh - top + a*dh, j*sw - left + b*dw]
+
+    over the positions inside the input (padding never wins); NaN propagates."""
+    _check_x(x, "maxpool2d")
+    geo = pool_geometry(x.shape, window, stride, padding, dilation, ceil_mode)
+    return _max_forward(x, geo.rows.windows, geo.cols.windows)
 
 
-def upsample_bilinear2d_forward(x, scale):
-    """Separable linear interpolation, rows then columns (align_corners=False):
-
-        y[n, c, i, j] = sum_{p in {h0, h1}, q in {w0, w1}} a_i(p) b_j(q) x[n, c, p, q]
-
-    with (h0, h1, lh) = bilinear_source(H, sh)[i], a_i(h0) = 1 - lh, a_i(h1) = lh,
-    and b_j likewise along W."""
-    _check_x(x, "upsample_bilinear2d")
-    sh, sw = _pair(scale, "scale")
-    acc = _acc(x.dtype)
-    t = _interp(x.astype(acc), 2, sh, acc)
-    return _interp(t, 3, sw, acc).astype(x.dtype)
+def maxpool2d_backward(grad, out, x, window, stride, padding, dilation=(1, 1), ceil_mode=False):
+    """dx[n, c, p, q] = sum of g[n, c, i, j] over the windows (i, j) whose maximum came from (p, q):
+    the first maximal pixel in row-major window order, or the last NaN (torch's rule)."""
+    _check_x(x, "maxpool2d")
+    geo = pool_geometry(x.shape, window, stride, padding, dilation, ceil_mode)
+    return (_max_backward(grad, x, geo.rows.windows, geo.cols.windows),)
 
 
-def upsample_bilinear2d_backward(grad, out, x, scale):
-    """The adjoint of the forward:
+# --- mean pooling --------------------------------------------------------------------------------
 
-        dx[n, c, p, q] = sum_{i, j} a_i(p) b_j(q) g[n, c, i, j]
+def meanpool2d_forward(x, window, stride, padding, ceil_mode=False, count_include_pad=True):
+    """y[n, c, i, j] = (1 / D[i, j]) * sum_{a, b} x[n, c, i*sh - top + a, j*sw - left + b]
 
-    computed as two scatter-adds (columns, then rows)."""
-    _check_x(x, "upsample_bilinear2d")
-    sh, sw = _pair(scale, "scale")
-    N, C, H, W = x.shape
-    acc = _acc(x.dtype)
-    t = _interp_adjoint(np.asarray(grad, dtype=acc), 3, W, sw, acc)
-    return (_interp_adjoint(t, 2, H, sh, acc).astype(x.dtype),)
+    over the positions inside the input (padding adds zeros). The divisor
+    D[i, j] counts the window's positions inside the padded input
+    (``count_include_pad``, kh*kw except for a ceil-mode window that reaches
+    past the bottom/right padding) or inside the input only."""
+    _check_x(x, "meanpool2d")
+    geo = pool_geometry(x.shape, window, stride, padding, (1, 1), ceil_mode)
+    return _mean_forward(x, geo.rows.windows, geo.cols.windows, geo.divisor(count_include_pad))
+
+
+def meanpool2d_backward(grad, out, x, window, stride, padding, ceil_mode=False, count_include_pad=True):
+    """dx[n, c, p, q] = sum over the windows (i, j) holding (p, q) of g[n, c, i, j] / D[i, j]
+
+    (the adjoint of the forward; what lands on padding is dropped)."""
+    _check_x(x, "meanpool2d")
+    geo = pool_geometry(x.shape, window, stride, padding, (1, 1), ceil_mode)
+    return (_mean_backward(grad, x, geo.rows.windows, geo.cols.windows, geo.divisor(count_include_pad)),)
+
+
+# --- adaptive pooling ----------------------------------------------------------------------------
+
+def adaptive_maxpool2d_forward(x, size):
+    """y[n, c, i, j] = max of x[n, c, p, q] over hs(i) <= p < he(i), ws(j) <= q < we(j),
+
+    hs(i) = floor(i*H/Ho), he(i) = ceil((i+1)*H/Ho) (likewise along W); NaN propagates."""
+    _check_x(x, "adaptive_maxpool2d")
+    rows, cols = adaptive_geometry(x.shape, size)
+    return _max_forward(x, rows, cols)
+
+
+def adaptive_maxpool2d_backward(grad, out, x, size):
+    """dx[n, c, p, q] = sum of g[n, c, i, j] over the windows whose maximum came from (p, q)
+    (the first maximal pixel in row-major order, or the last NaN: torch's rule)."""
+    _check_x(x, "adaptive_maxpool2d")
+    rows, cols = adaptive_geometry(x.shape, size)
+    return (_max_backward(grad, x, rows, cols),)
+
+
+def adaptive_meanpool2d_forward(x, size):
+    """y[n, c, i, j] = mean of x[n, c, p, q] over the window (i, j) of adaptive_maxpool2d_forward,
+
+    dividing by its size (he(i) - hs(i)) * (we(j) - ws(j))."""
+    _check_x(x, "adaptive_meanpool2d")
+    rows, cols = adaptive_geometry(x.shape, size)
+    return _mean_forward(x, rows, cols, _window_sizes(rows, cols))
+
+
+def adaptive_meanpool2d_backward(grad, out, x, size):
+    """dx[n, c, p, q] = sum over the windows (i, j) holding (p, q) of g[n, c, i, j] / (window (i, j)'s size)."""
+    _check_x(x, "adaptive_meanpool2d")
+    rows, cols = adaptive_geometry(x.shape, size)
+    return (_mean_backward(grad, x, rows, cols, _window_sizes(rows, cols)),)
+
+
+def _window_sizes(rows, cols):
+    return np.outer(rows.valid.sum(axis=1), cols.valid.sum(axis=1))

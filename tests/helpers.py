@@ -62,3 +62,27 @@ def f64(t):
     """A torch tensor as a float64 NumPy array."""
     import numpy as np
     return tn(t).astype(np.float64)
+
+
+# --- family tests against torch (pool, upsample) -----------------------------------------------
+
+def rnd(shape, seed):
+    """Uniform values in [-3, 3] of ``shape`` (float64), from ``seed``."""
+    import numpy as np
+    return np.random.default_rng(seed).uniform(-3, 3, shape)
+
+
+def rel(a, b):
+    """Normwise relative difference of ``a`` from ``b`` (NaN positions must agree)."""
+    import numpy as np
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.size == 0:
+        return 0.0
+    assert np.array_equal(np.isnan(a), np.isnan(b)), "NaN positions differ"
+    ok = ~np.isnan(b)
+    return float(np.max(np.abs(a[ok] - b[ok]), initial=0) / max(np.max(np.abs(b[ok]), initial=0), 1e-30))
+
+
+def call(module, name, direction, *args, **attrs):
+    """``module.<name>_<direction>(*args, **attrs)``: a reference or kernel function by name."""
+    return getattr(module, f"{name}_{direction}")(*args, **attrs)

@@ -203,12 +203,46 @@ def test_softmax_without_dim_follows_torch():
         np.testing.assert_allclose(f(tf.tensor(x)).numpy(), want, rtol=1e-6, atol=1e-7)
 
 
-def test_exact_gelu_refused_unless_approximation_accepted():
-    with pytest.raises(tf.TrifluxError, match=r"model\.1 \(torch\.nn\.GELU\).*erf.*approximate='tanh'"):
-        tf.from_torch(nn.Sequential(nn.Linear(2, 2), nn.GELU()))
+@pytest.mark.parametrize("dev", DEVICES)
+def test_exact_gelu_is_gelu_erf_both_ways(dev):
+    """torch's default GELU() is the exact (erf) GELU: triflux's gelu_erf,
+    outputs and gradients as torch's, and back to GELU(approximate='none')."""
+    torch.manual_seed(3)
+    tmodel = nn.Sequential(nn.Linear(3, 4), nn.GELU(), nn.Linear(4, 2), nn.GELU(approximate="tanh"))
+    model = _compare(tmodel, _x(5, 3) * 3, dev)
+    assert model[1] is tf.gelu_erf and model[3] is tf.gelu
+    assert "gelu_erf" in repr(model)
+    back = tf.to_torch(model)
+    assert isinstance(back[1], nn.GELU) and back[1].approximate == "none"
+    assert isinstance(back[3], nn.GELU) and back[3].approximate == "tanh"
+    assert back.state_dict().keys() == tmodel.state_dict().keys()
+
+
+def test_approximate_gelu_flag_still_gives_the_tanh_form():
     f = tf.from_torch(nn.GELU(), approximate_gelu=True)
+    assert f is tf.gelu
     x = np.linspace(-4, 4, 81).astype(np.float32)
     np.testing.assert_allclose(f(tf.tensor(x)).numpy(), nn.GELU()(torch.from_numpy(x)).numpy(), atol=1e-3)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_dense_with_gelu_erf_matches_torch(dev):
+    """Dense(3, 4, gelu_erf) on each device: to_torch gives Linear + GELU(), same outputs and gradients."""
+    tf.seed(0)
+    d = device(dev)
+    model = d(tf.Dense(3, 4, tf.gelu_erf))
+    assert "gelu_erf" in repr(model)
+    t = tf.to_torch(model).double()
+    assert isinstance(t[1], nn.GELU) and t[1].approximate == "none"
+    x = _x(6, 3) * 2
+    loss, (g, gx) = tf.withgradient(lambda m, x: m(x).sum(), model, d(x))
+    tx = torch.from_numpy(x.astype(np.float64)).requires_grad_()
+    tloss = t(tx).sum()
+    tloss.backward()
+    np.testing.assert_allclose(float(loss), tloss.item(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g["weight"].numpy(), t[0].weight.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g["bias"].numpy(), t[0].bias.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -226,14 +260,13 @@ def test_exact_gelu_refused_unless_approximation_accepted():
     (nn.BatchNorm2d(2, affine=False), r"model \(torch\.nn\.BatchNorm2d\): affine=False"),
     (nn.BatchNorm2d(2, track_running_stats=False), r"track_running_stats=False"),
     (nn.BatchNorm2d(2, momentum=None), r"momentum=None"),
-    (nn.MaxPool2d(2, ceil_mode=True), r"ceil_mode=True"),
-    (nn.MaxPool2d(2, dilation=2), r"dilation=2"),
-    (nn.AvgPool2d(3, padding=1, count_include_pad=False), r"count_include_pad=False"),
-    (nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True), r"align_corners=True"),
-    (nn.Upsample(scale_factor=1.5), r"scale_factor=1\.5"),
-    (nn.Upsample(size=(4, 4)), r"size=\(4, 4\)"),
+    (nn.MaxPool2d(2, return_indices=True), r"return_indices=True"),
+    (nn.AdaptiveMaxPool2d(2, return_indices=True), r"return_indices=True"),
+    (nn.AvgPool2d(3, padding=1, divisor_override=2), r"divisor_override=2"),
+    (nn.Upsample(scale_factor=1.5, recompute_scale_factor=True), r"recompute_scale_factor=True.*size="),
+    (nn.Upsample(size=(4, 4), mode="nearest-exact"), r"nearest-exact"),
+    (nn.Upsample(scale_factor=2, mode="bicubic"), r"mode='bicubic'"),
     (nn.Flatten(0), r"start_dim=0"),
-    (nn.AdaptiveAvgPool2d(2), r"output_size=2"),
     (nn.Softplus(beta=2), r"beta=2"),
     (nn.ModuleList([nn.ReLU()]), r"model \(torch\.nn\.ModuleList\) is not supported yet"),
 ])
@@ -495,3 +528,50 @@ def test_recurrent_round_trip_and_torch_chaining(make):
 def test_recurrent_with_return_state_does_not_go_to_torch():
     with pytest.raises(tf.TrifluxError, match="return_state=True"):
         tf.to_torch(tf.LSTM(2, 3, return_state=True))
+
+
+# --- pooling and upsampling options (issue 12) ---------------------------------------------------
+
+POOL_MODULES = [
+    lambda: nn.MaxPool2d((3, 2), padding=1, dilation=(1, 2), ceil_mode=True),
+    lambda: nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True),
+    lambda: nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+    lambda: nn.AvgPool2d((4, 4), stride=(2, 3), padding=1, ceil_mode=True),
+    lambda: nn.AdaptiveAvgPool2d((5, 3)), lambda: nn.AdaptiveAvgPool2d((None, 2)), lambda: nn.AdaptiveAvgPool2d(1),
+    lambda: nn.AdaptiveMaxPool2d(4), lambda: nn.AdaptiveMaxPool2d((3, None)), lambda: nn.AdaptiveMaxPool2d((1, 1)),
+    lambda: nn.Upsample(size=(5, 9)), lambda: nn.Upsample(scale_factor=(1.7, 0.6)),
+    lambda: nn.Upsample(scale_factor=1.5, mode="bilinear"),
+    lambda: nn.Upsample(size=11, mode="bilinear", align_corners=True),
+    lambda: nn.UpsamplingBilinear2d(scale_factor=2), lambda: nn.UpsamplingNearest2d(size=(3, 4)),
+    lambda: nn.Upsample(scale_factor=3, mode="nearest-exact"),
+]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("make", POOL_MODULES)
+def test_pool_and_upsample_options_match_torch(make, dev):
+    """from_torch keeps dilation, ceil_mode, count_include_pad, adaptive output sizes (None
+    sides too), sizes, non-integer scale factors and align_corners: the same outputs and input
+    gradients on each device; to_torch gives the module back (same outputs again)."""
+    m = make()
+    d = device(dev)
+    layer = d(tf.from_torch(m))
+    x = _x(2, 3, 7, 8) * 2
+    y, (gx,) = tf.withgradient(lambda x: (layer(x) ** 2).sum(), d(x))
+    tx = torch.from_numpy(x.astype(np.float64)).requires_grad_()
+    tloss = (m(tx) ** 2).sum()
+    tloss.backward()
+    np.testing.assert_allclose(float(y), tloss.item(), rtol=1e-5)
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=repr(layer))
+    back = tf.to_torch(layer)
+    np.testing.assert_allclose(back(torch.from_numpy(x)).numpy(), m(torch.from_numpy(x)).numpy(),
+                               rtol=1e-6, atol=1e-6, err_msg=f"{m} -> {layer} -> {back}")
+
+
+def test_pool_and_upsample_layers_round_trip():
+    for layer in (tf.MaxPool(3, stride=2, pad=1, dilation=2, ceil_mode=True),
+                  tf.MeanPool(2, pad=1, ceil_mode=True, count_include_pad=False),
+                  tf.AdaptiveMaxPool((3, None)), tf.AdaptiveMeanPool(4), tf.GlobalMaxPool(), tf.GlobalMeanPool(),
+                  tf.Upsample("bilinear", size=(6, 7), align_corners=True), tf.Upsample("nearest", scale=(2, 1.5))):
+        back = tf.from_torch(tf.to_torch(layer))
+        assert type(back) is type(layer) and repr(back) == repr(layer), (layer, back)

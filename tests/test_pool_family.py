@@ -1,17 +1,22 @@
-"""maxpool2d / meanpool2d / upsample_nearest2d / upsample_bilinear2d: the cases
-the generic property suite does not pin down.
+"""maxpool2d / meanpool2d / adaptive_maxpool2d / adaptive_meanpool2d: the
+cases the generic property suite does not pin down.
 
-The fixed configurations a UNET uses (2x2 stride 2 pooling, 3x3 stride 1
-padding 1, scale 2 nearest and bilinear upsampling) against torch, forward
-and gradient, in every float dtype; max-pool ties (the gradient goes to the
-first maximal element in window scan order, as torch) including overlapping
-windows and all -inf windows next to padding; NaN propagation; empty batch
+Fixed configurations against torch's own functions, forward and gradient:
+the ones a UNET uses, PyTorch's OpInfo samples (dilation, ceil_mode,
+count_include_pad=False, adaptive output sizes), ceil-mode windows that torch
+drops and keeps; torch's argmax rule (the first maximal element in window
+scan order, the last NaN, padding never chosen, an all -inf window); NaN
+propagation; 16-bit sums rounded once (held to the unit roundoff plus
+float32 noise, stricter than the property suite, whose ratio test would
+accept torch's own 16-bit accumulation in avg_pool2d's backward); empty batch
 and channel dims; channels-last and strided views read in place; attribute
 errors; and torch doing nothing but allocate and make views.
 """
+import ml_dtypes
 import numpy as np
 import pytest
 
+from helpers import call, rel, rnd
 from triflux import backend
 from triflux.errors import ShapeError
 from triflux.reference import pool as ref
@@ -29,34 +34,56 @@ if GPU:
     from triflux.triton_kernels import pool as kp
     DEVICE = "cpu" if common.INTERPRET else "cuda"
 
-UNET = [
-    ("maxpool2d", dict(window=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0))),
-    ("maxpool2d", dict(window=(3, 3), stride=(1, 1), padding=(1, 1, 1, 1))),
-    ("meanpool2d", dict(window=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0))),
-    ("meanpool2d", dict(window=(3, 3), stride=(1, 1), padding=(1, 1, 1, 1))),
-    ("upsample_nearest2d", dict(scale=(2, 2))),
-    ("upsample_bilinear2d", dict(scale=(2, 2))),
+MAX, MEAN, AMAX, AMEAN = "maxpool2d", "meanpool2d", "adaptive_maxpool2d", "adaptive_meanpool2d"
+
+
+def _max(window, stride, padding=(0, 0, 0, 0), dilation=(1, 1), ceil_mode=False):
+    return (MAX, dict(window=window, stride=stride, padding=padding, dilation=dilation, ceil_mode=ceil_mode))
+
+
+def _mean(window, stride, padding=(0, 0, 0, 0), ceil_mode=False, count_include_pad=True):
+    return (MEAN, dict(window=window, stride=stride, padding=padding, ceil_mode=ceil_mode,
+                       count_include_pad=count_include_pad))
+
+
+UNET = [_max((2, 2), (2, 2)), _max((3, 3), (1, 1), (1, 1, 1, 1)), _mean((2, 2), (2, 2)),
+        _mean((3, 3), (1, 1), (1, 1, 1, 1))]
+#: torch-expressible (symmetric padding): compared with torch's own functions
+NEW = [
+    _max((3, 2), (2, 1), (1, 1, 1, 1), (1, 2), True),          # OpInfo's max_pool2d sample
+    _max((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), True),          # a ceil window that torch drops on 8 rows
+    _max((3, 3), (2, 2), (0, 0, 0, 0), (1, 1), True),          # a partial ceil window that torch keeps
+    _max((2, 3), (1, 2), (1, 1, 0, 0), (3, 2), False),
+    _mean((3, 3), (1, 1), (1, 1, 1, 1), True, False),          # OpInfo's avg_pool2d samples
+    _mean((4, 4), (2, 3), (1, 1, 1, 1), True, False),
+    _mean((6, 6), (3, 3), (2, 2, 3, 3), True, True),
+    _mean((4, 4), (2, 2), (2, 2, 2, 2), True, True),
+    _mean((3, 2), (2, 2), (1, 1, 1, 1), False, False),
+    (AMAX, dict(size=(5, 7))), (AMAX, dict(size=(1, 1))), (AMAX, dict(size=(3, 11))), (AMAX, dict(size=(8, 2))),
+    (AMEAN, dict(size=(5, 7))), (AMEAN, dict(size=(1, 1))), (AMEAN, dict(size=(3, 11))), (AMEAN, dict(size=(8, 2))),
 ]
-ODD = [
-    ("maxpool2d", dict(window=(3, 2), stride=(2, 3), padding=(2, 0, 1, 0))),
-    ("meanpool2d", dict(window=(2, 3), stride=(3, 1), padding=(0, 1, 2, 1))),
-    ("upsample_nearest2d", dict(scale=(3, 1))),
-    ("upsample_bilinear2d", dict(scale=(1, 3))),
-    ("upsample_bilinear2d", dict(scale=(3, 2))),
-]
+#: asymmetric padding: torch's functions after F.pad (the testing oracle)
+ODD = [_max((3, 2), (2, 3), (2, 0, 1, 0)), _max((2, 2), (2, 1), (0, 1, 1, 0), (2, 1), True),
+       _mean((2, 3), (3, 1), (0, 1, 2, 1)), _mean((3, 3), (2, 2), (2, 0, 0, 1), True, False)]
 TOL = {"float64": 1e-12, "float32": 2e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 
-def torch_pool(name, x, window=None, stride=None, padding=None, scale=None):
-    """torch's own functional ops, asymmetric padding applied with F.pad."""
-    if name in ("maxpool2d", "meanpool2d"):
-        pt, pb, pl, pr = padding
-        if name == "maxpool2d":
-            return F.max_pool2d(F.pad(x, (pl, pr, pt, pb), value=-float("inf")), window, stride)
-        return F.avg_pool2d(F.pad(x, (pl, pr, pt, pb), value=0.0), window, stride)
-    mode = "nearest" if name == "upsample_nearest2d" else "bilinear"
-    extra = {} if mode == "nearest" else {"align_corners": False}
-    return F.interpolate(x, scale_factor=tuple(float(s) for s in scale), mode=mode, **extra)
+def torch_pool(name, x, window=None, stride=None, padding=None, dilation=(1, 1), ceil_mode=False,
+               count_include_pad=True, size=None):
+    """torch's own functional ops; asymmetric padding through the testing oracle (F.pad first)."""
+    from triflux.testing import pool as oracle
+    if name == AMAX:
+        return F.adaptive_max_pool2d(x, size)
+    if name == AMEAN:
+        return F.adaptive_avg_pool2d(x, size)
+    pt, pb, pl, pr = padding
+    if (pt, pl) != (pb, pr):
+        if name == MAX:
+            return oracle.maxpool2d_torch(x, window, stride, padding, dilation, ceil_mode)
+        return oracle.meanpool2d_torch(x, window, stride, padding, ceil_mode, count_include_pad)
+    if name == MAX:
+        return F.max_pool2d(x, window, stride, (pt, pl), dilation, ceil_mode=ceil_mode)
+    return F.avg_pool2d(x, window, stride, (pt, pl), ceil_mode=ceil_mode, count_include_pad=count_include_pad)
 
 
 def torch_both(name, x, g, **attrs):
@@ -67,41 +94,58 @@ def torch_both(name, x, g, **attrs):
 
 
 def out_shape(name, x_shape, **attrs):
-    if name in ("maxpool2d", "meanpool2d"):
-        return x_shape[:2] + ref.pool_geometry(x_shape, **attrs)[3]
-    return x_shape[:2] + (x_shape[2] * attrs["scale"][0], x_shape[3] * attrs["scale"][1])
-
-
-def rnd(shape, seed):
-    return np.random.default_rng(seed).uniform(-3, 3, shape)
-
-
-def rel(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.size == 0:
-        return 0.0
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+    if name in (AMAX, AMEAN):
+        return x_shape[:2] + tuple(attrs["size"])
+    geo = ref.pool_geometry(x_shape, attrs["window"], attrs["stride"], attrs["padding"],
+                            attrs.get("dilation", (1, 1)), attrs["ceil_mode"])
+    return x_shape[:2] + geo.out_size
 
 
 # --- reference (CPU) --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,attrs", UNET + ODD)
+@pytest.mark.parametrize("name,attrs", UNET + NEW + ODD)
 def test_reference_matches_torch(name, attrs):
     x = rnd((2, 3, 8, 7), 0)
     g = rnd(out_shape(name, x.shape, **attrs), 1)
     ty, tdx = torch_both(name, x, g, **attrs)
-    y = getattr(ref, name + "_forward")(x, **attrs)
-    dx, = getattr(ref, name + "_backward")(g, y, x, **attrs)
+    y = call(ref, name, "forward", x, **attrs)
+    dx, = call(ref, name, "backward", g, y, x, **attrs)
     assert y.shape == ty.shape and dx.shape == x.shape
     assert rel(y, ty) < 1e-12 and rel(dx, tdx) < 1e-12
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_ceil_mode_sizes_follow_torch():
+    # every window/stride/padding/dilation up to 3 on sides 1..12: the output size of ceil and
+    # floor mode is torch's, and a configuration is refused exactly when torch has no output or a
+    # window of padding only (torch reads out of bounds there)
+    x = torch.zeros(1, 1, 12, 1)
+    for n in range(1, 13):
+        for k in (1, 2, 3):
+            for s in (1, 2, 3):
+                for d in (1, 2, 3):
+                    for p in range(0, k // 2 + 1):
+                        for ceil in (False, True):
+                            try:
+                                want = F.max_pool2d(x[:, :, :n], (k, 1), (s, 1), (p, 0), (d, 1), ceil_mode=ceil).shape[2]
+                            except RuntimeError:
+                                want = None
+                            try:
+                                got = ref.pool_axis(n, k, s, p, p, d, ceil).out
+                            except ShapeError:
+                                got = None
+                            if got is None and want is not None:       # refused: only padding in a window
+                                starts = np.arange(want) * s - p
+                                assert any(all(not 0 <= i + a * d < n for a in range(k)) for i in starts)
+                                continue
+                            assert got == want, (n, k, s, d, p, ceil)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_reference_keeps_dtype(dtype):
-    x = rnd((1, 2, 5, 5), 0).astype(dtype)
-    for name, attrs in UNET:
-        y = getattr(ref, name + "_forward")(x, **attrs)
-        dx, = getattr(ref, name + "_backward")(np.ones(y.shape, dtype), y, x, **attrs)
+    x = rnd((1, 2, 5, 5), 0).astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    for name, attrs in UNET + NEW[:2] + [NEW[9], NEW[13]]:
+        y = call(ref, name, "forward", x, **attrs)
+        dx, = call(ref, name, "backward", np.ones(y.shape, x.dtype), y, x, **attrs)
         assert y.dtype == x.dtype and dx.dtype == x.dtype
 
 
@@ -109,46 +153,74 @@ def test_reference_max_ties_first_in_scan_order():
     # overlapping 3x3 windows over a constant image: every window sends its gradient
     # to its first real pixel (row-major scan), exactly as torch
     x = np.ones((1, 1, 5, 6))
-    attrs = dict(window=(3, 3), stride=(1, 1), padding=(1, 1, 1, 1))
+    attrs = _max((3, 3), (1, 1), (1, 1, 1, 1))[1]
     g = np.arange(30, dtype=np.float64).reshape(1, 1, 5, 6)
-    ty, tdx = torch_both("maxpool2d", x, g, **attrs)
-    # torch's own symmetric padding also starts the scan at the first real pixel
-    tx = torch.ones((1, 1, 5, 6), dtype=torch.float64, requires_grad=True)
-    F.max_pool2d(tx, 3, 1, padding=1).backward(torch.from_numpy(g))
-    dx, = ref.maxpool2d_backward(g, ty, x, **attrs)
-    np.testing.assert_array_equal(dx, tx.grad.numpy())
-    # F.pad with -inf then pool: same on finite data (the padding never ties)
+    _, tdx = torch_both(MAX, x, g, **attrs)
+    dx, = ref.maxpool2d_backward(g, None, x, **attrs)
+    np.testing.assert_array_equal(dx, tdx)
+
+
+@pytest.mark.parametrize("name,attrs", [_max((4, 1), (4, 1)), _max((2, 2), (1, 1), (1, 1, 1, 1), (2, 1)),
+                                        (AMAX, dict(size=(1, 1))), (AMAX, dict(size=(2, 3)))])
+def test_reference_last_nan_takes_the_gradient(name, attrs):
+    # torch's scan takes a value that is greater or NaN: of several NaN in a window the last one wins
+    x = np.array([[[[np.nan, 1.0, np.nan, 2.0], [0.0, np.nan, 3.0, np.nan], [np.nan] * 4, [1.0, 2.0, 3.0, 4.0]]]])
+    g = rnd(out_shape(name, x.shape, **attrs), 2)
+    ty, tdx = torch_both(name, x, g, **attrs)
+    y = call(ref, name, "forward", x, **attrs)
+    dx, = call(ref, name, "backward", g, y, x, **attrs)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ty))
     np.testing.assert_array_equal(dx, tdx)
 
 
 def test_reference_all_minus_inf_window_goes_to_first_real_pixel():
     x = np.full((1, 1, 3, 3), -np.inf)
     g = np.arange(1.0, 10.0).reshape(1, 1, 3, 3)
-    tx = torch.from_numpy(x.copy()).requires_grad_()
-    F.max_pool2d(tx, 3, 1, padding=1).backward(torch.from_numpy(g))
-    y = ref.maxpool2d_forward(x, (3, 3), (1, 1), (1, 1, 1, 1))
+    attrs = _max((3, 3), (1, 1), (1, 1, 1, 1))[1]
+    ty, tdx = torch_both(MAX, x, g, **attrs)
+    y = ref.maxpool2d_forward(x, **attrs)
     assert np.all(y == -np.inf)
-    dx, = ref.maxpool2d_backward(g, y, x, (3, 3), (1, 1), (1, 1, 1, 1))
-    np.testing.assert_array_equal(dx, tx.grad.numpy())
+    np.testing.assert_array_equal(ref.maxpool2d_backward(g, y, x, **attrs)[0], tdx)
 
 
-def test_reference_nan_propagates():
-    x = rnd((1, 1, 4, 4), 0)
-    x[0, 0, 1, 2] = np.nan
-    y = ref.maxpool2d_forward(x, (2, 2), (2, 2), (0, 0, 0, 0))
-    ty = F.max_pool2d(torch.from_numpy(x), 2, 2).numpy()
-    np.testing.assert_array_equal(np.isnan(y), np.isnan(ty))
-    dx, = ref.maxpool2d_backward(np.ones(y.shape), y, x, (2, 2), (2, 2), (0, 0, 0, 0))
-    assert dx[0, 0, 1, 2] == 1 and dx[0, 0, :2, 2:].sum() == 1
+#: long sums: (name, attrs, input shape, positive values); the sums a 16-bit accumulation gets wrong
+LONG_SUMS = [
+    (MEAN, _mean((1, 64), (1, 1))[1], (1, 1, 2, 96)),                 # 64-term forward sums, 64 windows per pixel
+    (AMEAN, dict(size=(2, 1)), (1, 1, 2, 256)),
+    (AMAX, dict(size=(1, 300)), (1, 1, 1, 1)),                        # 300 windows route to one pixel
+    (MAX, _max((1, 40), (1, 1))[1], (1, 1, 1, 79)),                   # the 40 windows over the middle pixel route there
+]
 
 
-@pytest.mark.parametrize("name,attrs", UNET)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name,attrs,shape", LONG_SUMS)
+def test_reference_16bit_sums_round_once(name, attrs, shape, dtype):
+    # the reference in float16/bfloat16 vs the float64 reference on the same values: one rounding
+    # of the result (at most the unit roundoff u, relative) plus float32 noise. Positive values and
+    # gradients make a 16-bit running sum lose several units.
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    u = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0.25, 0.35, shape).astype(np_dtype)
+    if name == MAX:
+        x[..., shape[3] // 2] = 1                                   # the maximum of every window
+    y = call(ref, name, "forward", x, **attrs)
+    g = rng.uniform(0.25, 0.35, y.shape).astype(np_dtype)
+    y64 = call(ref, name, "forward", x.astype(np.float64), **attrs)
+    dx64, = call(ref, name, "backward", g.astype(np.float64), y64, x.astype(np.float64), **attrs)
+    dx, = call(ref, name, "backward", g, y, x, **attrs)
+    for got, want in ((y, y64), (dx, dx64)):
+        err = np.abs(got.astype(np.float64) - want) / np.maximum(np.abs(want), 1e-30)
+        assert err.max() <= u * (1 + 1e-3) + 1e-5, (name, dtype, err.max() / u)
+
+
+@pytest.mark.parametrize("name,attrs", UNET[:1] + [NEW[0], NEW[9], NEW[13]])
 @pytest.mark.parametrize("shape", [(0, 3, 4, 4), (2, 0, 4, 4)])
 def test_reference_empty(name, attrs, shape):
     x = np.zeros(shape)
-    y = getattr(ref, name + "_forward")(x, **attrs)
+    y = call(ref, name, "forward", x, **attrs)
     assert y.shape == out_shape(name, shape, **attrs)
-    dx, = getattr(ref, name + "_backward")(np.zeros(y.shape), y, x, **attrs)
+    dx, = call(ref, name, "backward", np.zeros(y.shape), y, x, **attrs)
     assert dx.shape == shape
 
 
@@ -158,19 +230,24 @@ def test_reference_empty(name, attrs, shape):
     (dict(window=(0, 2), stride=(1, 1), padding=(0, 0, 0, 0)), "window"),
     (dict(window=(2, 2), stride=(1, 0), padding=(0, 0, 0, 0)), "stride"),
     (dict(window=(2, 2), stride=(1, 1), padding=(0, 0, 0)), "padding"),
+    (dict(window=(2, 2), stride=(1, 1), padding=(0, 0, 0, 0), dilation=(0, 1)), "dilation"),
+    (dict(window=(2, 2), stride=(1, 1), padding=(1, 1, 0, 0), dilation=(3, 1)), "reads only padding"),
 ])
 def test_reference_errors(attrs, match):
     with pytest.raises(ShapeError, match=match):
-        ref.maxpool2d_forward(np.zeros((1, 1, 3, 3)), **attrs)
-    with pytest.raises(ShapeError, match=match):
-        ref.meanpool2d_forward(np.zeros((1, 1, 3, 3)), **attrs)
+        ref.maxpool2d_forward(np.zeros((1, 1, 2, 3)), **attrs)
+    if "dilation" not in attrs:
+        with pytest.raises(ShapeError, match=match):
+            ref.meanpool2d_forward(np.zeros((1, 1, 2, 3)), **attrs)
 
 
-def test_reference_errors_rank_and_scale():
+def test_reference_errors_rank_and_size():
     with pytest.raises(ShapeError, match="NCHW"):
         ref.maxpool2d_forward(np.zeros((3, 3)), (2, 2), (2, 2), (0, 0, 0, 0))
-    with pytest.raises(ShapeError, match="scale"):
-        ref.upsample_bilinear2d_forward(np.zeros((1, 1, 3, 3)), (0, 2))
+    with pytest.raises(ShapeError, match="size"):
+        ref.adaptive_maxpool2d_forward(np.zeros((1, 1, 3, 3)), (0, 2))
+    with pytest.raises(ShapeError, match="positive input"):
+        ref.adaptive_meanpool2d_forward(np.zeros((1, 1, 0, 3)), (1, 1))
 
 
 # --- kernels ----------------------------------------------------------------------------------
@@ -188,8 +265,8 @@ def _kernel_vs_torch(name, attrs, x, g, dtype, xt=None, gt=None):
     gt = _tensor(g, dtype) if gt is None else gt
     x, g = _np(xt), _np(gt)                         # the values the kernel sees
     ty, tdx = torch_both(name, x, g, **attrs)
-    y = getattr(kp, name + "_forward")(xt, **attrs)
-    dx, = getattr(kp, name + "_backward")(gt, y, xt, **attrs)
+    y = call(kp, name, "forward", xt, **attrs)
+    dx, = call(kp, name, "backward", gt, y, xt, **attrs)
     assert tuple(y.shape) == ty.shape and y.dtype == xt.dtype and y.is_contiguous()
     assert tuple(dx.shape) == x.shape and dx.dtype == xt.dtype and dx.is_contiguous()
     assert rel(_np(y), ty) <= TOL[dtype], (name, attrs, dtype, "forward")
@@ -200,7 +277,7 @@ def _kernel_vs_torch(name, attrs, x, g, dtype, xt=None, gt=None):
 @needs_kernels
 @pytest.mark.parametrize("name,attrs,dtype",
                          [(n, a, d) for n, a in UNET for d in ("float32", "float64", "float16", "bfloat16")]
-                         + [(n, a, "float16") for n, a in ODD])
+                         + [(n, a, "float32") for n, a in NEW + ODD])
 def test_kernel_matches_torch(name, attrs, dtype):
     x = rnd((2, 3, 8, 7), 0)
     g = rnd(out_shape(name, x.shape, **attrs), 1)
@@ -208,7 +285,7 @@ def test_kernel_matches_torch(name, attrs, dtype):
 
 
 @needs_kernels
-@pytest.mark.parametrize("name,attrs", UNET + ODD)
+@pytest.mark.parametrize("name,attrs", UNET[:2] + [NEW[0], NEW[4], NEW[9], NEW[13], ODD[1]])
 def test_kernel_reads_views_in_place(name, attrs):
     x = rnd((2, 3, 7, 9), 2)
     g = rnd(out_shape(name, x.shape, **attrs), 3)
@@ -221,45 +298,39 @@ def test_kernel_reads_views_in_place(name, attrs):
 
 
 @needs_kernels
-@pytest.mark.parametrize("attrs", [dict(window=(3, 3), stride=(1, 1), padding=(1, 1, 1, 1)),
-                                   dict(window=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0)),
-                                   dict(window=(3, 2), stride=(2, 1), padding=(0, 2, 1, 1))])
-def test_kernel_max_ties(attrs):
-    x = np.random.default_rng(4).choice([-1.0, 0.0, 1.0], size=(2, 2, 7, 6))
+@pytest.mark.parametrize("name,attrs", [_max((3, 3), (1, 1), (1, 1, 1, 1)), _max((2, 2), (2, 2)),
+                                        _max((3, 2), (2, 1), (0, 2, 1, 1)), _max((3, 2), (2, 1), (1, 1, 1, 1), (1, 2), True),
+                                        (AMAX, dict(size=(3, 4))), (AMAX, dict(size=(9, 9)))])
+def test_kernel_max_ties_and_nan(name, attrs):
+    rng = np.random.default_rng(4)
+    x = rng.choice([-1.0, 0.0, 1.0, np.nan], size=(2, 2, 7, 6), p=[0.3, 0.3, 0.3, 0.1])
     x[0, 0] = 1.0                                  # one image entirely tied
-    g = np.random.default_rng(5).integers(-4, 5, out_shape("maxpool2d", x.shape, **attrs)) * 1.0
-    y, dx = _kernel_vs_torch("maxpool2d", attrs, x, g, "float32")
-    rdx, = ref.maxpool2d_backward(g, _np(y), x, **attrs)
+    x[1, 1, :2, :2] = np.nan                       # windows with several NaN
+    g = rng.integers(-4, 5, out_shape(name, x.shape, **attrs)) * 1.0
+    y, dx = _kernel_vs_torch(name, attrs, x, g, "float32")
+    rdx, = call(ref, name, "backward", g, _np(y), x, **attrs)
     np.testing.assert_array_equal(_np(dx), rdx)     # integer gradients: exact
 
 
 @needs_kernels
-def test_kernel_all_minus_inf_and_nan():
+def test_kernel_all_minus_inf():
     x = np.full((1, 1, 3, 3), -np.inf)
     g = np.arange(1.0, 10.0).reshape(1, 1, 3, 3)
-    attrs = dict(window=(3, 3), stride=(1, 1), padding=(1, 1, 1, 1))
+    attrs = _max((3, 3), (1, 1), (1, 1, 1, 1))[1]
     xt = _tensor(x, "float32")
     y = kp.maxpool2d_forward(xt, **attrs)
     dx, = kp.maxpool2d_backward(_tensor(g, "float32"), y, xt, **attrs)
     np.testing.assert_array_equal(_np(dx), ref.maxpool2d_backward(g, _np(y), x, **attrs)[0])
-    x = rnd((1, 1, 4, 4), 0)
-    x[0, 0, 1, 2] = np.nan
-    attrs = dict(window=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0))
-    xt = _tensor(x, "float32")
-    y = kp.maxpool2d_forward(xt, **attrs)
-    np.testing.assert_array_equal(np.isnan(_np(y)), np.isnan(ref.maxpool2d_forward(x, **attrs)))
-    dx, = kp.maxpool2d_backward(_tensor(np.ones((1, 1, 2, 2)), "float32"), y, xt, **attrs)
-    np.testing.assert_array_equal(_np(dx), ref.maxpool2d_backward(np.ones((1, 1, 2, 2)), None, x, **attrs)[0])
 
 
 @needs_kernels
-@pytest.mark.parametrize("name,attrs", UNET)
+@pytest.mark.parametrize("name,attrs", UNET[:1] + [NEW[0], NEW[9], NEW[13]])
 @pytest.mark.parametrize("shape", [(0, 3, 4, 4), (2, 0, 4, 4)])
 def test_kernel_empty(name, attrs, shape):
     xt = _tensor(np.zeros(shape), "float32")
-    y = getattr(kp, name + "_forward")(xt, **attrs)
+    y = call(kp, name, "forward", xt, **attrs)
     assert tuple(y.shape) == out_shape(name, shape, **attrs)
-    dx, = getattr(kp, name + "_backward")(y, y, xt, **attrs)
+    dx, = call(kp, name, "backward", y, y, xt, **attrs)
     assert tuple(dx.shape) == shape
 
 
@@ -268,10 +339,14 @@ def test_kernel_errors():
     xt = _tensor(np.zeros((1, 1, 3, 3)), "float32")
     with pytest.raises(ShapeError, match="smaller than the window"):
         kp.maxpool2d_forward(xt, (2, 2), (2, 2), (0, 0, 2, 0))
+    with pytest.raises(ShapeError, match="reads only padding"):
+        kp.maxpool2d_forward(xt, (2, 1), (1, 1), (1, 1, 0, 0), (4, 1))
     with pytest.raises(ShapeError, match="NCHW"):
-        kp.upsample_nearest2d_forward(xt[0], (2, 2))
+        kp.adaptive_maxpool2d_forward(xt[0], (2, 2))
     with pytest.raises(ShapeError, match="gradient"):
         kp.meanpool2d_backward(xt, None, xt, (2, 2), (2, 2), (0, 0, 0, 0))
+    with pytest.raises(ShapeError, match="gradient"):
+        kp.adaptive_maxpool2d_backward(xt, None, xt, (2, 2))
 
 
 @needs_kernels
@@ -281,8 +356,8 @@ def test_kernels_use_torch_only_for_memory():
     assert not xt.is_contiguous()
 
     def run():
-        for name, attrs in UNET:
-            y = getattr(kp, name + "_forward")(xt, **attrs)
-            getattr(kp, name + "_backward")(y, y, xt, **attrs)
+        for name, attrs in UNET + [NEW[0], NEW[4], NEW[9], NEW[13]]:
+            y = call(kp, name, "forward", xt, **attrs)
+            call(kp, name, "backward", y, y, xt, **attrs)
 
     assert_torch_only_moves_memory(run, "the pool kernels")

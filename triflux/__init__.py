@@ -29,11 +29,12 @@ from . import ops  # noqa: E402
 from .ops import (matmul, concat, cat, reshape, transpose, where, maximum, minimum,  # noqa: E402
                   exp, log, sqrt, zeros_like, ones_like)
 from .activations import (identity, relu, sigmoid, σ, tanh, softmax, logsoftmax, logsumexp,  # noqa: E402
-                          leakyrelu, elu, gelu, swish, softplus)
+                          leakyrelu, elu, gelu, gelu_erf, swish, softplus)
 from .autodiff import gradient, withgradient  # noqa: E402
 from .layers import (Layer, Dense, Chain, flatten, SkipConnection, Parallel, GlobalMeanPool,  # noqa: E402
                      MaxPool, MeanPool, Upsample, Conv, ConvTranspose, BatchNorm, Dropout)
 from .layers import RNN, LSTM, GRU, RNNCell, LSTMCell, GRUCell  # noqa: E402
+from .layers import GlobalMaxPool, AdaptiveMaxPool, AdaptiveMeanPool  # noqa: E402
 from .data import DataLoader  # noqa: E402
 from .memory import memory_status, MemoryStatus  # noqa: E402
 from .precision import f32, f64, f16, bf16  # noqa: E402

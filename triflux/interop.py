@@ -19,22 +19,26 @@ Conv2d                            Conv (``padding_mode="zeros"`` only)
 ConvTranspose2d                   ConvTranspose (``output_padding`` kept)
 BatchNorm1d/2d/3d                 BatchNorm (``affine`` and ``track_running_stats``
                                   True, a numeric ``momentum``)
-MaxPool2d, AvgPool2d              MaxPool, MeanPool (no ``ceil_mode``, dilation 1;
-                                  AvgPool2d counts padding, as MeanPool does)
-AdaptiveAvgPool2d(1)              GlobalMeanPool
-Upsample (integer scale_factor)   Upsample (nearest, or bilinear with
-                                  align_corners=False)
+MaxPool2d, AvgPool2d              MaxPool, MeanPool (``dilation``, ``ceil_mode``,
+                                  ``count_include_pad`` kept; no ``divisor_override``)
+AdaptiveAvgPool2d, -MaxPool2d     AdaptiveMeanPool, AdaptiveMaxPool (any output size,
+                                  ``None`` sides kept); of size 1: GlobalMeanPool,
+                                  GlobalMaxPool
+Upsample, UpsamplingNearest2d,    Upsample (nearest or bilinear, ``size`` or
+UpsamplingBilinear2d              ``scale_factor``, ``align_corners`` kept;
+                                  "nearest-exact" only with integer factors)
 Dropout                           Dropout
 Flatten (start_dim=1, end_dim=-1) flatten
-Identity, ReLU, Sigmoid, Tanh,    identity, relu, sigmoid, tanh, gelu (torch's
-GELU(approximate="tanh"), SiLU,   tanh approximation; see below), swish, softplus,
-Softplus, ELU, LeakyReLU,         elu, leakyrelu, softmax, logsoftmax (with their
-Softmax, LogSoftmax               arguments: ``leakyrelu(a=0.2)``, ``softmax(dims=-1)``)
+Identity, ReLU, Sigmoid, Tanh,    identity, relu, sigmoid, tanh, gelu_erf, gelu
+GELU(), GELU(approximate="tanh"), (see below), swish, softplus, elu, leakyrelu,
+SiLU, Softplus, ELU, LeakyReLU,   softmax, logsoftmax (with their arguments:
+Softmax, LogSoftmax               ``leakyrelu(a=0.2)``, ``softmax(dims=-1)``)
 ================================  ==================================================
 
-triflux's ``gelu`` is NNlib's tanh approximation; torch's default
-``GELU()`` is the exact erf form (they differ by up to about 5e-4). Such a
-module is refused unless ``approximate_gelu=True`` accepts the approximation.
+torch's default ``GELU()`` is the exact erf form, triflux's (and NNlib's)
+``gelu_erf``; ``GELU(approximate="tanh")`` is the tanh approximation,
+triflux's (and NNlib's) ``gelu`` (they differ by up to about 5e-4). With
+``approximate_gelu=True`` an exact ``GELU()`` becomes the tanh ``gelu`` too.
 
 Modes: a torch module in eval mode (``.training`` False) gives a BatchNorm or
 Dropout pinned to test behaviour (``active=False``, as ``testmode``); one in
@@ -224,8 +228,8 @@ def _ttensor(t, tdev):
 # --- from_torch -------------------------------------------------------------------------------
 
 SUPPORTED_TORCH = ("Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d",
-                   "BatchNorm3d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d(1)", "Upsample",
-                   "UpsamplingNearest2d", "Dropout", "Flatten", "Identity", "ReLU", "Sigmoid", "Tanh",
+                   "BatchNorm3d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Upsample",
+                   "UpsamplingNearest2d", "UpsamplingBilinear2d", "Dropout", "Flatten", "Identity", "ReLU", "Sigmoid", "Tanh",
                    "GELU", "SiLU", "Softplus", "ELU", "LeakyReLU", "Softmax", "LogSoftmax",
                    "RNN", "LSTM", "GRU", "triflux.interop.TorchSkipConnection",
                    "triflux.interop.TorchSequence")
@@ -242,8 +246,8 @@ def from_torch(module, device=None, *, approximate_gelu=False, pin_modes=False):
     module's docstring for the supported modules; anything else raises an
     ``InteropError`` naming its path in the tree (``model.3``).
 
-    ``approximate_gelu=True`` accepts triflux's tanh ``gelu`` for torch's
-    exact ``GELU()``. ``pin_modes=True`` pins BatchNorm and Dropout of
+    torch's exact ``GELU()`` becomes ``gelu_erf``; ``approximate_gelu=True``
+    makes it the tanh ``gelu`` instead. ``pin_modes=True`` pins BatchNorm and Dropout of
     modules in training mode to training behaviour everywhere (as torch runs
     them) instead of triflux's automatic mode; eval-mode ones are pinned to
     test behaviour either way."""
@@ -261,6 +265,7 @@ def _from(m, path, approximate_gelu, train_active=None):
     from . import activations as A
     from .layers import (Chain, Dense, Conv, ConvTranspose, BatchNorm, Dropout, MaxPool, MeanPool,
                          GlobalMeanPool, Upsample, SkipConnection, flatten)
+    from .layers import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool
     from .tensor import Tensor
     nn = _torch().nn
     T = type(m)
@@ -331,43 +336,42 @@ def _from(m, path, approximate_gelu, train_active=None):
         return layer
 
     if T is nn.MaxPool2d:
-        if m.ceil_mode:
-            _refuse(path, m, "ceil_mode=True", "use ceil_mode=False, or pad the input")
-        if m.dilation not in (1, (1, 1)):
-            _refuse(path, m, f"dilation={m.dilation}", "triflux's MaxPool has dilation 1")
         if m.return_indices:
             _refuse(path, m, "return_indices=True")
         return MaxPool(m.kernel_size, stride=m.stride if m.stride is not None else m.kernel_size,
-                       pad=m.padding)
+                       pad=m.padding, dilation=m.dilation, ceil_mode=m.ceil_mode)
 
     if T is nn.AvgPool2d:
-        if m.ceil_mode:
-            _refuse(path, m, "ceil_mode=True", "use ceil_mode=False, or pad the input")
         if m.divisor_override is not None:
-            _refuse(path, m, f"divisor_override={m.divisor_override}")
-        if not m.count_include_pad and ops_pair(m.padding) != (0, 0):
-            _refuse(path, m, "count_include_pad=False with padding",
-                    "triflux's MeanPool divides by the full window (count_include_pad=True)")
+            _refuse(path, m, f"divisor_override={m.divisor_override}",
+                    "MeanPool divides by the window's size (count_include_pad=True) or its pixels inside the input")
         return MeanPool(m.kernel_size, stride=m.stride if m.stride is not None else m.kernel_size,
-                        pad=m.padding)
+                        pad=m.padding, ceil_mode=m.ceil_mode, count_include_pad=m.count_include_pad)
 
-    if T is nn.AdaptiveAvgPool2d:
-        if m.output_size not in (1, (1, 1)):
-            _refuse(path, m, f"output_size={m.output_size}", "only AdaptiveAvgPool2d(1) (GlobalMeanPool) is")
-        return GlobalMeanPool()
+    if T in (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d):
+        if getattr(m, "return_indices", False):
+            _refuse(path, m, "return_indices=True")
+        is_max = T is nn.AdaptiveMaxPool2d
+        if m.output_size in (1, (1, 1)):
+            return GlobalMaxPool() if is_max else GlobalMeanPool()
+        return (AdaptiveMaxPool if is_max else AdaptiveMeanPool)(m.output_size)
 
     if T in (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d):
-        if m.size is not None or m.scale_factor is None:
-            _refuse(path, m, f"size={m.size}", "give an integer scale_factor instead")
-        sf = m.scale_factor if isinstance(m.scale_factor, tuple) else (m.scale_factor,) * 2
-        if len(sf) != 2 or any(float(s) != int(s) or s < 1 for s in sf):
-            _refuse(path, m, f"scale_factor={m.scale_factor}", "triflux upsamples by positive integer factors")
-        mode = {"nearest-exact": "nearest"}.get(m.mode, m.mode)   # the same for integer scales
+        mode = m.mode
+        if mode == "nearest-exact":        # the same index rule as "nearest" for integer factors only
+            sf = m.scale_factor if isinstance(m.scale_factor, tuple) else (m.scale_factor,) * 2
+            if m.scale_factor is None or any(float(s) != int(s) for s in sf):
+                _refuse(path, m, "mode='nearest-exact' with a size or a non-integer scale_factor",
+                        "use mode='nearest' (torch's nearest index rule) or an integer scale_factor")
+            mode = "nearest"
         if mode not in ("nearest", "bilinear"):
             _refuse(path, m, f"mode={m.mode!r}", "use 'nearest' or 'bilinear'")
-        if mode == "bilinear" and m.align_corners:
-            _refuse(path, m, "align_corners=True", "triflux's bilinear Upsample has align_corners=False")
-        return Upsample(tuple(int(s) for s in sf), mode=mode)
+        if m.scale_factor is not None and m.recompute_scale_factor:
+            _refuse(path, m, "recompute_scale_factor=True",
+                    "triflux's Upsample(scale=...) uses the given factor, as torch's default; give size=(H, W) "
+                    "for the output-size rule")
+        return Upsample(mode, size=m.size, scale=m.scale_factor,
+                        align_corners=bool(m.align_corners) if mode == "bilinear" else False)
 
     if T is nn.Dropout:
         layer = Dropout(m.p)
@@ -387,9 +391,9 @@ def _from(m, path, approximate_gelu, train_active=None):
     if T is nn.GELU:
         if m.approximate == "tanh" or approximate_gelu:
             return A.gelu
-        _refuse(path, m, "the exact (erf) GELU",
-                "use GELU(approximate='tanh'), or from_torch(..., approximate_gelu=True) to accept triflux's "
-                "tanh approximation (within about 5e-4 of the erf form)")
+        if m.approximate == "none":
+            return A.gelu_erf
+        _refuse(path, m, f"GELU(approximate={m.approximate!r})", "use approximate='none' or 'tanh'")
     if T is nn.LeakyReLU:
         return A.leakyrelu if m.negative_slope == 0.01 else Activation(A.leakyrelu, a=float(m.negative_slope))
     if T is nn.ELU:
@@ -511,6 +515,7 @@ def _to(x, path):
     from .functor import is_layer, path_join
     from .layers import (Chain, Dense, Conv, ConvTranspose, BatchNorm, Dropout, MaxPool, MeanPool,
                          GlobalMeanPool, Upsample, SkipConnection, flatten, RNN, LSTM, GRU)
+    from .layers import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool
     from .layers.conv import _same_padding
     nn = _torch().nn
     T = type(x)
@@ -594,17 +599,25 @@ def _to(x, path):
         if 2 * t > x.window[0] or 2 * l > x.window[1]:
             refuse(f"{name} with pad={x.pad} more than half the window {x.window}", "torch refuses such padding")
         if T is MaxPool:
-            return nn.MaxPool2d(x.window, stride=x.stride, padding=(t, l))
-        return nn.AvgPool2d(x.window, stride=x.stride, padding=(t, l), count_include_pad=True)
+            return nn.MaxPool2d(x.window, stride=x.stride, padding=(t, l), dilation=x.dilation,
+                                ceil_mode=x.ceil_mode)
+        return nn.AvgPool2d(x.window, stride=x.stride, padding=(t, l), ceil_mode=x.ceil_mode,
+                            count_include_pad=x.count_include_pad)
 
     if T is GlobalMeanPool:
         return nn.AdaptiveAvgPool2d(1)
+    if T is GlobalMaxPool:
+        return nn.AdaptiveMaxPool2d(1)
+    if T is AdaptiveMeanPool:
+        return nn.AdaptiveAvgPool2d(x.out)
+    if T is AdaptiveMaxPool:
+        return nn.AdaptiveMaxPool2d(x.out)
 
     if T is Upsample:
-        scale = tuple(float(s) for s in x.scale)
+        scale = None if x.scale is None else tuple(float(s) for s in x.scale)
         if x.mode == "bilinear":
-            return nn.Upsample(scale_factor=scale, mode="bilinear", align_corners=False)
-        return nn.Upsample(scale_factor=scale, mode="nearest")
+            return nn.Upsample(size=x.size, scale_factor=scale, mode="bilinear", align_corners=x.align_corners)
+        return nn.Upsample(size=x.size, scale_factor=scale, mode="nearest")
 
     if T is SkipConnection:
         if x.connection not in (operator.add, ops.add):
@@ -627,6 +640,8 @@ def _to(x, path):
             pass
     if x is A.gelu:
         return nn.GELU(approximate="tanh")
+    if x is A.gelu_erf:
+        return nn.GELU()
     if x is A.softmax:
         return nn.Softmax(dim=1)
     if x is A.logsoftmax:
@@ -650,8 +665,8 @@ def _to(x, path):
     from .show import fname
     what = f"{type(x).__module__}.{type(x).__qualname__}" if is_layer(x) else f"function {fname(x)}"
     refuse(what, "supported: Chain, Dense, Conv, ConvTranspose, BatchNorm, Dropout, MaxPool, MeanPool, "
-                 "GlobalMeanPool, Upsample, RNN, LSTM, GRU, SkipConnection(layer, +), flatten and the activations identity, "
-                 "relu, sigmoid, tanh, gelu, swish, softplus, elu, leakyrelu, softmax, logsoftmax")
+                 "AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPool, Upsample, RNN, LSTM, GRU, SkipConnection(layer, +), flatten and the activations identity, "
+                 "relu, sigmoid, tanh, gelu, gelu_erf, swish, softplus, elu, leakyrelu, softmax, logsoftmax")
 
 
 # --- DLPack -----------------------------------------------------------------------------------

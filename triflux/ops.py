@@ -189,6 +189,7 @@ def tanh(x): return _unary("tanh", x)
 def sigmoid(x): return _unary("sigmoid", x)
 def relu(x): return _unary("relu", x)
 def gelu(x): return _unary("gelu", x)
+def gelu_erf(x): return _unary("gelu_erf", x)
 def swish(x): return _unary("swish", x)
 def softplus(x): return _unary("softplus", x)
 def leakyrelu(x, negative_slope=0.01): return _unary("leakyrelu", x, negative_slope=float(negative_slope))
@@ -392,7 +393,18 @@ def concat(xs, axis=0):
     return apply(_P["concat"], tuple(xs), {"axis": axis}, "concat")
 
 
-cat = concat
+def cat(*xs, dims=None, axis=None):
+    """Flux's ``cat(xs...; dims)``: ``cat(a, b, c, dims=1)`` joins ``a``, ``b``,
+    ``c`` along axis ``dims`` (0-based, as every triflux axis; negative counts
+    from the end). ``cat([a, b], dims=1)`` and ``axis=`` work too; with neither
+    keyword the tensors join along axis 0, as ``concat``."""
+    if len(xs) == 1 and isinstance(xs[0], (list, tuple)):
+        xs = tuple(xs[0])
+    if dims is not None and axis is not None and dims != axis:
+        raise TypeError(f"`cat` got dims={dims!r} and axis={axis!r}; give one of them (they mean the same)")
+    if not xs:
+        raise ShapeError("`cat` needs at least one tensor: `cat(a, b, dims=1)`")
+    return concat(xs, axis=dims if dims is not None else (axis if axis is not None else 0))
 
 
 def broadcast_to(x, shape):
@@ -516,25 +528,71 @@ def conv_transpose2d(x, w, *, stride=1, padding=0, output_padding=0, dilation=1,
                   "dilation": pair(dilation, "dilation"), "groups": int(groups)}, "conv_transpose2d")
 
 
-def maxpool2d(x, window, stride=None, padding=0):
+def maxpool2d(x, window, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """torch's ``max_pool2d`` on (N, C, H, W); ``padding`` an int, (h, w) or
+    (top, bottom, left, right); ``stride`` defaults to the window."""
     x = _spatial_input("maxpool2d", x)
     window = pair(window, "window")
     return apply(_P["maxpool2d"], (x,), {"window": window, "stride": pair(stride or window, "stride"),
-                                         "padding": quad(padding)}, "maxpool2d")
+                                         "padding": quad(padding), "dilation": pair(dilation, "dilation"),
+                                         "ceil_mode": bool(ceil_mode)}, "maxpool2d")
 
 
-def meanpool2d(x, window, stride=None, padding=0):
+def meanpool2d(x, window, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    """torch's ``avg_pool2d`` on (N, C, H, W) (arguments as ``maxpool2d``)."""
     x = _spatial_input("meanpool2d", x)
     window = pair(window, "window")
     return apply(_P["meanpool2d"], (x,), {"window": window, "stride": pair(stride or window, "stride"),
-                                          "padding": quad(padding)}, "meanpool2d")
+                                          "padding": quad(padding), "ceil_mode": bool(ceil_mode),
+                                          "count_include_pad": bool(count_include_pad)}, "meanpool2d")
 
 
-def upsample(x, scale=2, mode="nearest"):
+def adaptive_maxpool2d(x, size):
+    """torch's ``adaptive_max_pool2d``: (N, C, H, W) to (N, C, *size); a
+    ``None`` side keeps the input's."""
+    x = _spatial_input("adaptive_maxpool2d", x)
+    return apply(_P["adaptive_maxpool2d"], (x,), {"size": adaptive_size(size, x.shape)}, "adaptive_maxpool2d")
+
+
+def adaptive_meanpool2d(x, size):
+    """torch's ``adaptive_avg_pool2d`` (arguments as ``adaptive_maxpool2d``)."""
+    x = _spatial_input("adaptive_meanpool2d", x)
+    return apply(_P["adaptive_meanpool2d"], (x,), {"size": adaptive_size(size, x.shape)}, "adaptive_meanpool2d")
+
+
+def adaptive_size(size, shape):
+    """The (Ho, Wo) of an adaptive pooling of ``shape`` to ``size`` (an int,
+    or a pair whose ``None`` entries keep the input's side)."""
+    size = (size, size) if size is None or isinstance(size, (int, np.integer)) else tuple(size)
+    if len(size) != 2:
+        raise ShapeError(f"adaptive pooling: the output size must be an int or a pair, got {size}")
+    return tuple(int(shape[2 + i]) if s is None else int(s) for i, s in enumerate(size))
+
+
+def upsample(x, scale=None, mode="nearest", *, size=None, align_corners=False):
+    """torch's ``F.interpolate`` (modes "nearest" and "bilinear") on (N, C, H, W):
+    to ``size`` (Ho, Wo), or by ``scale`` (a number or one per axis, ints or
+    floats; the output is floor(H * scale)). Neither given: ``scale=2``."""
     x = _spatial_input("upsample", x)
     if mode not in ("nearest", "bilinear"):
         raise ValueError(f"upsample mode must be 'nearest' or 'bilinear', got {mode!r}")
-    return apply(_P[f"upsample_{mode}2d"], (x,), {"scale": pair(scale, "scale")}, f"upsample_{mode}2d")
+    if scale is None and size is None:
+        scale = 2
+    attrs = {"size": None if size is None else pair(size, "size"),
+             "scale": None if scale is None else _scale_pair(scale)}
+    if mode == "bilinear":
+        attrs["align_corners"] = bool(align_corners)
+    elif align_corners:
+        raise ShapeError("`upsample`: align_corners applies to mode='bilinear' only; drop it or use mode='bilinear'")
+    return apply(_P[f"upsample_{mode}2d"], (x,), attrs, f"upsample_{mode}2d")
+
+
+def _scale_pair(scale):
+    """Scale factors as a pair of Python numbers: ints stay ints (2 -> (2, 2))."""
+    s = tuple(scale) if isinstance(scale, (tuple, list)) else (scale, scale)
+    if len(s) != 2:
+        raise ShapeError(f"`upsample`: scale must be a number or a pair, got {scale}")
+    return tuple(int(v) if float(v).is_integer() else float(v) for v in s)
 
 
 def batchnorm(x, gamma, beta, mean=None, var=None, eps=1e-5):

@@ -10,6 +10,7 @@ from .registry import register
 for _n in ("neg", "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "gelu",
            "swish", "softplus"):
     register(_n, "elementwise")
+register("gelu_erf", "elementwise", doc="the exact GELU x Phi(x) (NNlib's gelu_erf; gelu is the tanh form)")
 register("leakyrelu", "elementwise", doc="attrs: negative_slope")
 register("elu", "elementwise", doc="attrs: alpha")
 register("cast", "elementwise", doc="attrs: dtype (NumPy dtype of the output)")
@@ -74,12 +75,19 @@ register("conv_transpose2d", "conv",
          doc="inputs: x (N, C, H, W), w (C, O/groups, kh, kw); attrs: stride, padding (top, bottom, left, "
              "right), output_padding (oh, ow), dilation, groups. The adjoint of conv2d, as torch.")
 
-# --- pooling and upsampling (issue 3) --------------------------------------------------------
-register("maxpool2d", "pool", doc="attrs: window (kh, kw), stride (sh, sw), padding (top, bottom, left, right)")
-register("meanpool2d", "pool", doc="attrs: window, stride, padding; padding counts as zeros (torch's "
-                                   "count_include_pad=True)")
-register("upsample_nearest2d", "pool", doc="attrs: scale (sh, sw), positive integers")
-register("upsample_bilinear2d", "pool", doc="attrs: scale (sh, sw); align_corners=False, as torch")
+# --- pooling (issues 3, 12): NCHW, torch's max_pool2d / avg_pool2d / adaptive pools ---------------
+register("maxpool2d", "pool", doc="attrs: window (kh, kw), stride (sh, sw), padding (top, bottom, left, right), "
+                                  "dilation (dh, dw), ceil_mode. NaN propagates; the gradient goes to the first "
+                                  "maximal pixel or the last NaN of each window, as torch")
+register("meanpool2d", "pool", doc="attrs: window, stride, padding, ceil_mode, count_include_pad (divide by the "
+                                   "taps inside the padded input, or inside the input only), as torch")
+register("adaptive_maxpool2d", "pool", doc="attrs: size (Ho, Wo); windows floor(i*H/Ho) <= h < ceil((i+1)*H/Ho)")
+register("adaptive_meanpool2d", "pool", doc="attrs: size (Ho, Wo); the windows of adaptive_maxpool2d")
+
+# --- upsampling (issues 3, 12): torch's F.interpolate, nearest and bilinear -------------------------
+register("upsample_nearest2d", "upsample", doc="attrs: exactly one of size (Ho, Wo) and scale (sh, sw), "
+                                               "positive ints or floats; torch's index rule")
+register("upsample_bilinear2d", "upsample", doc="attrs: size or scale as upsample_nearest2d, align_corners")
 
 # --- normalisation (issue 3) -----------------------------------------------------------------
 register("batchnorm_train", "norm", doc="inputs: x (N, C, ...), gamma (C,), beta (C,); attrs: eps. "

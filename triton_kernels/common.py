@@ -207,6 +207,18 @@ def nd_offset(lin, D1, D2, D3, D4, D5, S0, S1, S2, S3, S4, S5):
 
 
 @triton.jit
+def split_nchw(lin, C, H, W):
+    """(n, c, h, w) of the row-major linear index ``lin`` into (N, C, H, W)."""
+    w = lin % W
+    r = lin // W
+    h = r % H
+    r = r // H
+    c = r % C
+    n = r // C
+    return n, c, h, w
+
+
+@triton.jit
 def store_value(v, OUT: tl.constexpr, INTERP: tl.constexpr):
     """``v`` (computed in float32/float64 or an integer type) converted for a
     store into an ``OUT`` tensor: booleans as ``v != 0``; bfloat16 through
@@ -221,6 +233,47 @@ def store_value(v, OUT: tl.constexpr, INTERP: tl.constexpr):
             r = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
             v = tl.where(v != v, v, r.to(tl.float32, bitcast=True))
     return v.to(OUT)
+
+
+# --- NaN-propagating minimum and maximum ----------------------------------------------
+# Plain tl.minimum / tl.maximum / tl.max compile to PTX min.f32 / max.f32, which
+# return the other operand when one is NaN (elu(NaN) would be 0 on a GPU), while
+# the interpreter runs np.minimum / np.maximum (NaN) and np.nanmax (no NaN): what
+# CI sees is not what a GPU does. Kernels take minima and maxima of floats only
+# through these three, which give NaN whenever an operand is NaN, as torch and the
+# NumPy references do, on every backend (tests/test_compiled_nan.py checks the PTX).
+
+@triton.jit
+def maximum(a, b):
+    """max(a, b), NaN if a or b is NaN (PTX max.NaN; integers as usual)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def minimum(a, b):
+    """min(a, b), NaN if a or b is NaN (PTX min.NaN; integers as usual)."""
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def max_along(x, axis: tl.constexpr):
+    """max of the float32/float64 tensor ``x`` along ``axis``, NaN if any entry
+    is NaN (np.max, torch.amax).
+
+    tl.max drops NaN (PTX max.f32; np.nanmax in the interpreter), so the
+    maximum is taken over integers ordered as the floats are: the bit pattern
+    for x >= +0 and the pattern with the 63 (31) value bits flipped for x <= -0,
+    every NaN made the positive quiet NaN first, whose pattern lies above +inf's."""
+    if x.dtype == tl.float64:
+        bits = tl.where(x != x, float("nan"), x).to(tl.int64, bitcast=True)
+        key = tl.where(bits < 0, bits ^ 0x7FFFFFFFFFFFFFFF, bits)
+        top = tl.max(key, axis)
+        return tl.where(top < 0, top ^ 0x7FFFFFFFFFFFFFFF, top).to(tl.float64, bitcast=True)
+    else:
+        bits = tl.where(x != x, float("nan"), x).to(tl.int32, bitcast=True)
+        key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+        top = tl.max(key, axis)
+        return tl.where(top < 0, top ^ 0x7FFFFFFF, top).to(tl.float32, bitcast=True)
 
 
 @triton.jit
