@@ -145,9 +145,21 @@ def rounded_inputs(case, dtype, flush=False):
     return out
 
 
-def reference_copies(arrays):
-    """float64 copies of the floating arrays; others as they are (copied)."""
-    return tuple(np.array(x, dtype=F64) if is_float(x) else np.array(x) for x in arrays)
+def reference_copies(arrays, layouts=()):
+    """float64 copies of the floating arrays; others as they are (copied). With
+    ``layouts`` (one per array, as Case.layouts), each copy has that memory
+    layout, as the kernel's tensors do: the reference is called with strided
+    and column-major views too (Dense hands matmul ``weight.T``), so code that
+    only works on C-contiguous arrays cannot hide."""
+    return tuple(in_layout(np.array(x, dtype=F64) if is_float(x) else np.array(x),
+                           layouts[i] if i < len(layouts) else "contiguous")
+                 for i, x in enumerate(arrays))
+
+
+def in_layout(array, layout):
+    """``array`` (NumPy) re-laid out as ``layout`` (0-d arrays stay as they are)."""
+    a = np.asarray(array)
+    return a if a.ndim == 0 else testing.to_numpy_layout(a, layout)
 
 
 def to_torch(array, layout, device):
@@ -324,8 +336,14 @@ def expected_dtype(ref_out, dtype, attrs):
 
 
 def _gradient(seed, shape, dtype):
-    """A random output gradient: float64 values rounded to ``dtype``."""
+    """A random output gradient: float64 values rounded to ``dtype``; positive
+    for one seed in three. With random signs a gradient sum over broadcast or
+    batch axes stays small and a 16-bit accumulator is barely hurt; with one
+    sign the partial sums grow and a sum kept in float16/bfloat16 stalls
+    (a thousand bfloat16 terms of 0.037 add up to 33, not 37)."""
     g = np.random.default_rng(seed).standard_normal(shape)
+    if seed % 3 == 0:
+        g = np.abs(g)
     return testing.round_to(g, dtype)
 
 
@@ -333,10 +351,42 @@ def both_sides(case, dtype, device):
     """The case's inputs rounded to ``dtype``, the reference's float64-safe
     copies of them, and the kernel's tensors on ``device`` in the case's layouts."""
     rounded = rounded_inputs(case, dtype, flush=flushes(dtype))
-    return rounded, reference_copies(rounded), kernel_tensors(rounded, case_layouts(case, len(rounded)), device)
+    layouts = case_layouts(case, len(rounded))
+    return rounded, reference_copies(rounded, layouts), kernel_tensors(rounded, layouts, device)
 
 
 # === a. kernel forward vs reference ===========================================================
+
+def assert_arrays(what, direction, *arrays, **named):
+    """Reference results are NumPy arrays, 0-d ones included: NumPy turns 0-d
+    results of arithmetic into scalars (np.float32), which a Tensor cannot hold."""
+    for i, a in list(enumerate(arrays)) + list(named.items()):
+        if _is_tensor(a):
+            continue
+        assert isinstance(a, np.ndarray), \
+            f"{what}: the reference {direction} returned a {type(a).__name__} ({i}), not a NumPy array " \
+            "(wrap 0-d results in np.asarray)"
+
+def check_forward(actual, expected, prim, dtype, case, rounded, ref_in, what, flush=False):
+    """``actual`` (a kernel's output as NumPy, or the reference's own in
+    ``dtype``) against ``expected`` (the reference on float64 copies), with
+    the table's tolerance for ``dtype`` and the primitive's looseners."""
+    assert_arrays(what, "forward", expected=expected, actual=actual)
+    want = expected_dtype(expected, dtype, case.attrs)
+    got = np.asarray(actual).dtype
+    assert got == want, f"{what}: the output has dtype {got}, expected {want}"
+    tdtype = tol.coarsest(dtype, got)
+    ratio = None
+    if tdtype is not None and tol.TOLERANCES[tdtype].ratio:
+        ratio = _try(oracle_forward, prim, rounded, case.attrs, label=what)
+    ref_fwd = _part(prim, "reference", "forward")
+    scale = tol.magnitude(prim.name, "forward", inputs=ref_in, attrs=case.attrs,
+                          reference=ref_fwd)
+    k = tol.accumulation_length(prim.name, "forward", inputs=ref_in, out=expected)
+    tol.assert_close(actual, expected, tdtype or dtype, what=what,
+                     ratio_reference=ratio, scale=scale, k=k,
+                     flush=flush and (flushes(dtype) or flushes(tdtype or dtype)))
+
 
 @pytest.mark.requires_kernels
 @pytest.mark.parametrize("prim,dtype", _params(FORWARD, "forward"))
@@ -354,26 +404,58 @@ def test_kernel_forward_matches_reference(prim, dtype, data, kernel_device):
     out = _call("kernel", ker_fwd, k_in, _with_device(ker_fwd, case.attrs, kernel_device), what)
     assert_untouched(k_in, before, what)
     assert _is_tensor(out), f"{what}: the kernel returned a {type(out).__name__}, not a torch tensor"
-    want = expected_dtype(expected, dtype, case.attrs)
-    got = tfd.from_torch(out.dtype)
-    assert got == want, f"{what}: the kernel's output has dtype {got}, expected {want}"
     assert str(out.device).split(":")[0] == kernel_device, \
         f"{what}: the kernel's output is on {out.device}, expected {kernel_device}"
-    actual = to_numpy(out)
-
-    tdtype = tol.coarsest(dtype, got)
-    ratio = None
-    if tdtype is not None and tol.TOLERANCES[tdtype].ratio:
-        ratio = _try(oracle_forward, prim, rounded, case.attrs, label=what)
-    scale = tol.magnitude(prim.name, "forward", inputs=ref_in, attrs=case.attrs,
-                          reference=ref_fwd)
-    k = tol.accumulation_length(prim.name, "forward", inputs=ref_in, out=expected)
-    tol.assert_close(actual, expected, tdtype or dtype, what=f"{what}: kernel vs reference",
-                     ratio_reference=ratio, scale=scale, k=k,
-                     flush=flushes(dtype) or flushes(tdtype or dtype))
+    check_forward(to_numpy(out), expected, prim, dtype, case, rounded, ref_in,
+                  f"{what}: kernel vs reference", flush=True)
 
 
 # === b. kernel backward vs reference ==========================================================
+
+def check_backward(grads, ref_grads, prim, dtype, out_dtype, case, rounded, ref_in, ref_out, g, what,
+                   flush=False):
+    """Gradients under test (torch tensors of a kernel, or the reference's own
+    NumPy arrays in ``dtype``) against ``ref_grads`` (the reference on float64
+    copies, for the float64 output gradient ``g``), input by input."""
+    n = len(rounded)
+    assert_arrays(what, "backward", *[g_ for g_ in ref_grads if g_ is not None],
+                  *[g_ for g_ in grads if g_ is not None and not _is_tensor(g_)])
+    for side, gs in (("reference", ref_grads), ("tested", grads)):
+        assert isinstance(gs, tuple) and len(gs) == n, \
+            f"{what}: the {side} backward must return a tuple of {n} gradients (one per input), " \
+            f"got {type(gs).__name__} of length {len(gs) if hasattr(gs, '__len__') else '?'}"
+    idx = grad_indices(case, rounded)
+    ratio = {}
+    if tol.TOLERANCES[tol.dtype_name(dtype)].ratio:
+        ratio = _try(oracle_gradients, prim, rounded, case.attrs, g, idx, label=what) or {}
+    ref_bwd = _part(prim, "reference", "backward")
+    g_ref = np.asarray(g, dtype=F64)
+    scales = tol.magnitude(prim.name, "backward", inputs=ref_in, attrs=case.attrs,
+                           out=ref_out, grad=g_ref, reference=ref_bwd)
+    for i in idx:
+        rg, kg = ref_grads[i], grads[i]
+        gwhat = f"{what}: gradient of input {i}"
+        if rg is None or kg is None:
+            assert rg is None and kg is None, \
+                f"{gwhat}: the reference gives {'None' if rg is None else 'an array'}, " \
+                f"the tested side {'None' if kg is None else 'an array'}"
+            continue
+        if not isinstance(kg, np.ndarray):
+            assert _is_tensor(kg), f"{gwhat}: the kernel returned a {type(kg).__name__}"
+            kg = to_numpy(kg)
+        assert kg.shape == np.shape(rounded[i]), \
+            f"{gwhat}: shape {kg.shape}, but the input has shape {np.shape(rounded[i])}"
+        assert kg.dtype == np.asarray(rounded[i]).dtype, \
+            f"{gwhat}: dtype {kg.dtype}, but the input has dtype {np.asarray(rounded[i]).dtype}"
+        assert np.shape(rg) == np.shape(rounded[i]), \
+            f"{gwhat}: the reference gradient has shape {np.shape(rg)}, the input {np.shape(rounded[i])}"
+        k = tol.accumulation_length(prim.name, "backward", inputs=ref_in, out=ref_out,
+                                    grad=g_ref, grad_input=rounded[i])
+        # the gradient went through the output's dtype (cast: possibly coarser)
+        gdtype = tol.coarsest(dtype, out_dtype) or dtype
+        tol.assert_close(kg, rg, gdtype, what=gwhat, ratio_reference=ratio.get(i),
+                         scale=scales[i], k=k, flush=flush and (flushes(dtype) or flushes(gdtype)))
+
 
 @pytest.mark.requires_kernels
 @pytest.mark.parametrize("prim,dtype", _params(BACKWARD, "backward"))
@@ -396,47 +478,67 @@ def test_kernel_backward_matches_reference(prim, dtype, data, kernel_device):
     k_out = _call("kernel forward", ker_fwd, k_in, kattrs, what)
     out_dtype = tfd.from_torch(k_out.dtype)
     g = _gradient(seed, ref_out.shape, out_dtype)
-    g_ref = g.astype(F64)
     g_t = to_torch(g, glayout, kernel_device)
 
-    ref_grads = _call("reference backward", ref_bwd, (g_ref, ref_out) + ref_in, case.attrs, what)
+    ref_grads = _call("reference backward", ref_bwd, (g.astype(F64), ref_out) + ref_in, case.attrs, what)
     args = (g_t, k_out) + k_in
     before = snapshot(args)
     k_grads = _call("kernel backward", ker_bwd, args, kattrs, what)
     assert_untouched(args, before, what + " (arguments: grad, out, *inputs)")
-    n = len(rounded)
-    for side, grads in (("reference", ref_grads), ("kernel", k_grads)):
-        assert isinstance(grads, tuple) and len(grads) == n, \
-            f"{what}: the {side} backward must return a tuple of {n} gradients (one per input), " \
-            f"got {type(grads).__name__} of length {len(grads) if hasattr(grads, '__len__') else '?'}"
+    check_backward(k_grads, ref_grads, prim, dtype, out_dtype, case, rounded, ref_in, ref_out, g,
+                   f"{what}, kernel vs reference", flush=True)
 
-    idx = grad_indices(case, rounded)
-    ratio = {}
-    if tol.TOLERANCES[tol.dtype_name(dtype)].ratio:
-        ratio = _try(oracle_gradients, prim, rounded, case.attrs, g, idx, label=what) or {}
-    scales = tol.magnitude(prim.name, "backward", inputs=ref_in, attrs=case.attrs,
-                           out=ref_out, grad=g_ref, reference=ref_bwd)
-    for i in idx:
-        rg, kg = ref_grads[i], k_grads[i]
-        gwhat = f"{what}: gradient of input {i}, kernel vs reference"
-        if rg is None or kg is None:
-            assert rg is None and kg is None, \
-                f"{gwhat}: the reference gives {'None' if rg is None else 'an array'}, " \
-                f"the kernel {'None' if kg is None else 'a tensor'}"
-            continue
-        assert _is_tensor(kg), f"{gwhat}: the kernel returned a {type(kg).__name__}"
-        assert tuple(kg.shape) == np.shape(rounded[i]), \
-            f"{gwhat}: shape {tuple(kg.shape)}, but the input has shape {np.shape(rounded[i])}"
-        assert kg.dtype == k_in[i].dtype, \
-            f"{gwhat}: dtype {kg.dtype}, but the input has dtype {k_in[i].dtype}"
-        assert np.shape(rg) == np.shape(rounded[i]), \
-            f"{gwhat}: the reference gradient has shape {np.shape(rg)}, the input {np.shape(rounded[i])}"
-        k = tol.accumulation_length(prim.name, "backward", inputs=ref_in, out=ref_out,
-                                    grad=g_ref, grad_input=rounded[i])
-        # the gradient went through the output's dtype (cast: possibly coarser)
-        gdtype = tol.coarsest(dtype, out_dtype) or dtype
-        tol.assert_close(to_numpy(kg), rg, gdtype, what=gwhat, ratio_reference=ratio.get(i),
-                         scale=scales[i], k=k, flush=flushes(dtype) or flushes(gdtype))
+
+# === g. the reference in the dtype under test vs the reference in float64 =====================
+# The CPU device runs the reference on the user's own dtype, not on float64
+# copies, and it is the oracle people test against: in float32, float16 and
+# bfloat16 it must be as accurate as the kernels (accumulate in float32 and
+# round once, never sum in a 16-bit type), so it is held to the same table.
+
+LOW_PRECISION = ("float32", "float16", "bfloat16")
+
+
+def _in_dtype(rounded, layouts):
+    return tuple(in_layout(np.array(x), layouts[i]) for i, x in enumerate(rounded))
+
+
+@pytest.mark.parametrize("prim,dtype", _params(FORWARD, None, dtypes=LOW_PRECISION))
+@given(data=st.data())
+def test_reference_in_dtype_forward_matches_float64(prim, dtype, data):
+    case = draw_case(data, prim, dtype)
+    what = describe(prim, dtype, "reference forward in dtype", case)
+    note(what)
+    layouts = case_layouts(case, len(case.inputs))
+    rounded = rounded_inputs(case, dtype)
+    ref_in = reference_copies(rounded, layouts)
+    fwd = _part(prim, "reference", "forward")
+    expected = np.asarray(_call("reference in float64", fwd, ref_in, case.attrs, what))
+    actual = _call(f"reference in {dtype}", fwd, _in_dtype(rounded, layouts), case.attrs, what)
+    check_forward(actual, expected, prim, dtype, case, rounded, ref_in,
+                  f"{what}: reference in {dtype} vs reference in float64")
+
+
+@pytest.mark.parametrize("prim,dtype", _params(BACKWARD, None, dtypes=LOW_PRECISION))
+@given(data=st.data())
+def test_reference_in_dtype_backward_matches_float64(prim, dtype, data):
+    case = draw_case(data, prim, dtype)
+    seed = data.draw(st.integers(0, 2 ** 32 - 1), label="gradient seed")
+    glayout = data.draw(st.sampled_from(LAYOUTS), label="gradient layout")
+    what = describe(prim, dtype, "reference backward in dtype", case,
+                    **{"gradient seed": seed, "gradient layout": glayout})
+    note(what)
+    layouts = case_layouts(case, len(case.inputs))
+    rounded = rounded_inputs(case, dtype)
+    ref_in, low_in = reference_copies(rounded, layouts), _in_dtype(rounded, layouts)
+    fwd, bwd = _part(prim, "reference", "forward"), _part(prim, "reference", "backward")
+    ref_out = np.asarray(_call("reference forward in float64", fwd, ref_in, case.attrs, what))
+    low_out = np.asarray(_call(f"reference forward in {dtype}", fwd, low_in, case.attrs, what))
+    g = _gradient(seed, ref_out.shape, low_out.dtype)
+    ref_grads = _call("reference backward in float64", bwd, (g.astype(F64), ref_out) + ref_in, case.attrs, what)
+    low_grads = _call(f"reference backward in {dtype}", bwd, (in_layout(g, glayout), low_out) + low_in,
+                      case.attrs, what)
+    check_backward(low_grads, ref_grads, prim, dtype, low_out.dtype, case, rounded, ref_in, ref_out, g,
+                   f"{what}, reference in {dtype} vs reference in float64")
 
 
 # === c. reference backward vs finite differences (float64) ======================================
@@ -500,7 +602,9 @@ def test_reference_backward_matches_finite_differences(prim, data):
     rng = np.random.default_rng(seed)
     ref_fwd = _part(prim, "reference", "forward")
     ref_bwd = _part(prim, "reference", "backward")
+    layouts = case_layouts(case, len(case.inputs))
     x = jitter(reference_copies(rounded_inputs(case, "float64")), rng)
+    x = [in_layout(a, layouts[i]) for i, a in enumerate(x)]
     idx = grad_indices(case, x)
     f0 = np.asarray(_call("reference forward", ref_fwd, x, case.attrs, what))
     if f0.dtype != F64:
@@ -515,11 +619,18 @@ def test_reference_backward_matches_finite_differences(prim, data):
                      * (np.abs(np.where(np.isfinite(x[i]), x[i], 0.0)) + 1e-2), 0.0)
          for i in idx}
     grads = _call("reference backward", ref_bwd, (g, f0) + tuple(x), case.attrs, what)
+    # with NaN or inf in the case, a gradient can be NaN at finite inputs coupled to
+    # them (a softmax row holding a NaN, a sum over a broadcast NaN: 0 * NaN); the
+    # torch check pins those values, so the directions skip them here
+    nonfinite_case = not np.all(np.isfinite(f0)) or any(
+        is_float(a) and not np.all(np.isfinite(a)) for a in x)
     lhs, scale = 0.0, 0.0
     for i in idx:
         if grads[i] is None:
             continue
         gi = np.asarray(grads[i], dtype=F64)
+        if nonfinite_case:
+            d[i] = np.where(np.isfinite(gi), d[i], 0.0)
         nz = d[i] != 0
         if not np.all(np.isfinite(gi[nz])):
             raise AssertionError(f"{what}: the gradient of input {i} is not finite at finite inputs")
@@ -528,8 +639,8 @@ def test_reference_backward_matches_finite_differences(prim, data):
     xp = list(x)
     xm = list(x)
     for i in idx:
-        xp[i] = x[i] + FD_STEP * d[i]
-        xm[i] = x[i] - FD_STEP * d[i]
+        xp[i] = in_layout(x[i] + FD_STEP * d[i], layouts[i])
+        xm[i] = in_layout(x[i] - FD_STEP * d[i], layouts[i])
     fp = np.asarray(_call("reference forward", ref_fwd, xp, case.attrs, what), dtype=F64)
     fm = np.asarray(_call("reference forward", ref_fwd, xm, case.attrs, what), dtype=F64)
     rhs = (_finite_dot(fp, g) - _finite_dot(fm, g)) / (2 * FD_STEP)
@@ -552,7 +663,8 @@ def test_reference_matches_torch_float64(prim, data):
     case = draw_case(data, prim, "float64")
     what = describe(prim, "float64", "reference vs torch", case)
     note(what)
-    x = reference_copies(rounded_inputs(case, "float64"))
+    layouts = case_layouts(case, len(case.inputs))
+    x = reference_copies(rounded_inputs(case, "float64"), layouts)
     ref_fwd = _part(prim, "reference", "forward")
     expected = np.asarray(_call("reference", ref_fwd, x, case.attrs, what))
     oracle = _call("torch oracle", oracle_forward, (prim, x, case.attrs), {}, what)
@@ -564,7 +676,7 @@ def test_reference_matches_torch_float64(prim, data):
     # (relu'(0), which of two tied maxima gets the gradient) may differ from torch's
     seed = data.draw(st.integers(0, 2 ** 32 - 1), label="gradient seed")
     rng = np.random.default_rng(seed)
-    xj = tuple(jitter(x, rng))
+    xj = tuple(in_layout(a, layouts[i]) for i, a in enumerate(jitter(x, rng)))
     ref_bwd = _part(prim, "reference", "backward")
     out = np.asarray(_call("reference", ref_fwd, xj, case.attrs, what), dtype=F64)
     g = rng.standard_normal(out.shape)
@@ -729,7 +841,7 @@ def _reproducible(prim, run, what):
 def test_random_reference_with_inputs_is_reproducible(prim, dtype, data):
     case = draw_case(data, prim, dtype)
     what = describe(prim, dtype, "reference, same seed twice", case)
-    xs = reference_copies(rounded_inputs(case, dtype))
+    xs = reference_copies(rounded_inputs(case, dtype), case_layouts(case, len(case.inputs)))
     fwd, bwd = _part(prim, "reference", "forward"), _part(prim, "reference", "backward")
 
     def run():
@@ -814,7 +926,7 @@ def test_in_place_reference_matches_torch_float64(prim, data):
     case = draw_case(data, prim, "float64")
     what = describe(prim, "float64", "in place, reference vs torch", case)
     note(what)
-    x = reference_copies(rounded_inputs(case, "float64"))
+    x = reference_copies(rounded_inputs(case, "float64"), case_layouts(case, len(case.inputs)))
     original = [np.array(a) for a in x]
     new = oracle_forward(prim, original, case.attrs)
     new = new if isinstance(new, tuple) else (new,)

@@ -73,6 +73,24 @@ def round_to(array, dtype):
     return a.astype(dtype)
 
 
+def to_numpy_layout(array, layout):
+    """A NumPy array holding ``array``'s values with the given memory layout,
+    the reference's counterpart of :func:`to_torch_layout`: "transposed" is
+    column-major (a transposed view of a dense buffer, as Dense's ``weight.T``),
+    "strided" every other element of a wider buffer along the last axis."""
+    a = np.asarray(array)
+    if layout == "transposed" and a.ndim >= 2:
+        out = np.array(a, order="F", copy=True)
+    elif layout == "strided" and a.ndim >= 1 and a.size > 0:
+        wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), dtype=a.dtype)
+        wide[..., ::2] = a
+        out = wide[..., ::2]
+    else:
+        out = np.array(a, copy=True)
+    assert out.shape == a.shape
+    return out
+
+
 def to_torch_layout(array, layout, device="cpu"):
     """A torch tensor holding ``array``'s values with the given memory layout."""
     import torch
