@@ -809,6 +809,13 @@ def test_distributed_container_with_a_real_single_process_backend():
     container holds everything, and Flux's spelling trains from it."""
     x, y, _, _ = _data()
     backend = dist.initialize(dist.GlooBackend, timeout=30)
+    try:
+        _train_from_single_process_container(backend, x, y)
+    finally:
+        dist.shutdown(backend)     # later tests in this process start without a backend
+
+
+def _train_from_single_process_container(backend, x, y):
     assert dist.total_workers(backend) == 1
     c = dist.DistributedDataContainer(backend, (x, y))
     assert len(c) == 11 and repr(c).startswith("DistributedDataContainer(rank 0 of 1: observations 0:11 of 11")

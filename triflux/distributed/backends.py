@@ -527,12 +527,12 @@ def initialize(kind, timeout=None, **kw):
     default 300) bounds the rendezvous and every collective. Calling it again
     for the same kind returns the running backend."""
     cls = _kind(kind, "initialize")
-    have = _BACKENDS.get(cls)
-    if have is not None and not have.closed:
-        return have
     t = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     if not t > 0:
         raise ValueError(f"initialize: timeout must be a positive number of seconds, got {timeout!r}")
+    have = _BACKENDS.get(cls)
+    if have is not None and not have.closed:
+        return have
     rank, size, local, _ = launcher_environment()
     if not 0 <= rank < size:
         raise DistributedError(f"initialize: rank {rank} is outside 0..{size - 1} (world size {size}); check the "
