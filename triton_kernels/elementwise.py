@@ -388,14 +388,13 @@ def _binary_kernel(a, b, c, out, n,
 
 
 @triton.jit
-def _binary_bwd_kernel(g, a, b, y, ga, gb, n,
+def _binary_bwd_kernel(g, a, b, ga, gb, n,
                        D1, D2, D3, D4, D5,
                        GS0, GS1, GS2, GS3, GS4, GS5,
                        AS0, AS1, AS2, AS3, AS4, AS5,
                        BS0, BS1, BS2, BS3, BS4, BS5,
-                       YS0, YS1, YS2, YS3, YS4, YS5,
                        OP: tl.constexpr, CT: tl.constexpr, PT: tl.constexpr,
-                       GD: tl.constexpr, AD: tl.constexpr, BD: tl.constexpr, YD: tl.constexpr,
+                       GD: tl.constexpr, AD: tl.constexpr, BD: tl.constexpr,
                        INTERP: tl.constexpr, BLOCK: tl.constexpr):
     """(ga, gb) = g * (df/da, df/db), at the broadcast shape. For OP == where,
     ``a`` is the condition and (ga, gb) are the gradients of the two branches."""
@@ -428,14 +427,12 @@ def _binary_bwd_kernel(g, a, b, y, ga, gb, n,
             da = gv / bv
             db = -gv * av / (bv * bv)
         elif OP == 4:    # pow: g b a^(b-1) (0 where b == 0), g y log(a) (0 where a == 0, b >= 0)
-            if YD:  # dense, not broadcast: the offset is the linear index
-                yo = lin
-            else:
-                yo = common.nd_offset(lin, D1, D2, D3, D4, D5, YS0, YS1, YS2, YS3, YS4, YS5)
-            yv = tl.load(y + yo, mask=mask, other=1).to(PT)
             ap = av.to(PT)
             bp = bv.to(PT)
             gp = gv.to(PT)
+            # y = a^b recomputed in PT: the stored output may have overflowed its
+            # 16-bit dtype (a^b > 65504) where g y log(a) has not
+            yv = _pow(ap, bp)
             da = tl.where(bp == 0, 0.0, gp * bp * _pow(ap, bp - 1.0))
             db = tl.where((ap == 0) & (bp >= 0), 0.0, gp * yv * tl.log(ap))
         elif OP == 5:    # maximum: ties split the gradient half/half (torch)
@@ -527,19 +524,17 @@ def _grads_at(shape, dtype, in_shapes, device):
             for s in in_shapes]
 
 
-def _binary_bwd(grad, x0, x1, y, op, in_shapes, dtype):
+def _binary_bwd(grad, x0, x1, op, in_shapes, dtype):
     shape = tuple(grad.shape)
     ga, gb = _grads_at(shape, dtype, in_shapes, grad.device)
     n = common.numel(shape)
     if n:
-        yy = y if y is not None else grad
-        mshape, (gs, as_, bs, ys) = _strides([grad, x0, x1, yy], shape)
+        mshape, (gs, as_, bs) = _strides([grad, x0, x1], shape)
         block = common.block_for(n)
-        common.launch(_binary_bwd_kernel, (common.cdiv(n, block),), grad, x0, x1, yy, ga, gb, n,
-                      *mshape[1:], *gs, *as_, *bs, *ys, OP=op, CT=_ct(dtype),
+        common.launch(_binary_bwd_kernel, (common.cdiv(n, block),), grad, x0, x1, ga, gb, n,
+                      *mshape[1:], *gs, *as_, *bs, OP=op, CT=_ct(dtype),
                       PT=_pow_type(dtype), GD=_dense(mshape, gs), AD=_dense(mshape, as_),
-                      BD=_dense(mshape, bs), YD=_dense(mshape, ys), INTERP=common.INTERPRET,
-                      BLOCK=block)
+                      BD=_dense(mshape, bs), INTERP=common.INTERPRET, BLOCK=block)
     return unbroadcast(ga, in_shapes[0], dtype), unbroadcast(gb, in_shapes[1], dtype)
 
 
@@ -747,7 +742,7 @@ def mul_backward(grad, out, a, b):
     """da = unbroadcast(g b), db = unbroadcast(g a)"""
     if a.dtype not in _FLOATS:
         return None, None
-    return _binary_bwd(_full_grad(grad, a, b), a, b, None, B_MUL, (a.shape, b.shape), a.dtype)
+    return _binary_bwd(_full_grad(grad, a, b), a, b, B_MUL, (a.shape, b.shape), a.dtype)
 
 
 def div_forward(a, b):
@@ -759,7 +754,7 @@ def div_backward(grad, out, a, b):
     """da = unbroadcast(g / b), db = unbroadcast(-g a / b^2)"""
     if a.dtype not in _FLOATS:
         return None, None
-    return _binary_bwd(_full_grad(grad, a, b), a, b, None, B_DIV, (a.shape, b.shape), a.dtype)
+    return _binary_bwd(_full_grad(grad, a, b), a, b, B_DIV, (a.shape, b.shape), a.dtype)
 
 
 def pow_forward(a, b):
@@ -769,12 +764,11 @@ def pow_forward(a, b):
 
 def pow_backward(grad, out, a, b):
     """da = unbroadcast(g b a^(b-1)) (0 where b == 0),
-    db = unbroadcast(g y log(a)) (0 where a == 0 and b >= 0), as torch"""
+    db = unbroadcast(g y log(a)) (0 where a == 0 and b >= 0), as torch; y = a^b is
+    recomputed in float32 (float64), not read from ``out``, which may have overflowed"""
     if a.dtype not in _FLOATS:
         return None, None
-    if out is None:
-        out = pow_forward(a, b)
-    return _binary_bwd(_full_grad(grad, a, b), a, b, out, B_POW, (a.shape, b.shape), a.dtype)
+    return _binary_bwd(_full_grad(grad, a, b), a, b, B_POW, (a.shape, b.shape), a.dtype)
 
 
 def maximum_forward(a, b):
@@ -786,7 +780,7 @@ def maximum_backward(grad, out, a, b):
     """g goes to the larger input; on ties each gets g / 2 (torch)"""
     if a.dtype not in _FLOATS:
         return None, None
-    return _binary_bwd(_full_grad(grad, a, b), a, b, None, B_MAX, (a.shape, b.shape), a.dtype)
+    return _binary_bwd(_full_grad(grad, a, b), a, b, B_MAX, (a.shape, b.shape), a.dtype)
 
 
 def minimum_forward(a, b):
@@ -798,7 +792,7 @@ def minimum_backward(grad, out, a, b):
     """g goes to the smaller input; on ties each gets g / 2 (torch)"""
     if a.dtype not in _FLOATS:
         return None, None
-    return _binary_bwd(_full_grad(grad, a, b), a, b, None, B_MIN, (a.shape, b.shape), a.dtype)
+    return _binary_bwd(_full_grad(grad, a, b), a, b, B_MIN, (a.shape, b.shape), a.dtype)
 
 
 def eq_forward(a, b):
@@ -844,5 +838,5 @@ def where_backward(grad, out, cond, a, b):
     if tuple(grad.shape) != shape:
         raise ShapeError(f"gradient of shape {tuple(grad.shape)} does not match the output "
                          f"shape {shape}")
-    ga, gb = _binary_bwd(grad, cond, cond, None, B_WHERE, (a.shape, b.shape), a.dtype)
+    ga, gb = _binary_bwd(grad, cond, cond, B_WHERE, (a.shape, b.shape), a.dtype)
     return None, ga, gb
