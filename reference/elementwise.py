@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from ._util import unbroadcast
+from ._util import compute_dtype, unbroadcast
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_K = 0.044715
@@ -41,9 +41,7 @@ def _is_float(a):
 def _work(x):
     """``x`` in the dtype the math runs in: float32 for float16/bfloat16."""
     x = np.asarray(x)
-    if x.dtype.itemsize == 2 and (x.dtype.kind == "f" or x.dtype.name == "bfloat16"):
-        return x.astype(np.float32)
-    return x
+    return x.astype(compute_dtype(x.dtype), copy=False)
 
 
 def _done(r, dtype):

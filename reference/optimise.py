@@ -24,10 +24,12 @@ import contextlib
 
 import numpy as np
 
+from ._util import compute_dtype
+
 
 def _compute_type(a):
-    """The type arithmetic happens in: float64 stays, others become float32."""
-    return np.dtype(np.float64 if a.dtype == np.float64 else np.float32)
+    """The type arithmetic happens in: float64 and float32 stay, 16-bit floats become float32."""
+    return compute_dtype(a.dtype)
 
 
 @contextlib.contextmanager
