@@ -1,5 +1,6 @@
-"""Helpers shared by the reference families: the dtype the arithmetic runs
-in, and the adjoint of broadcasting.
+"""Helpers shared by the reference families: arrays converted to the dtype
+the arithmetic runs in (``triflux.dtypes.compute_dtype``), and the adjoint of
+broadcasting.
 
 The reference computes as the kernels do: float16 and bfloat16 values are
 converted to float32, every product and sum runs there, and the result is
@@ -9,15 +10,7 @@ thousand bfloat16 terms of 0.037 add up to 16 there (37.1 in float32).
 """
 import numpy as np
 
-from ..dtypes import is_floating
-
-
-def compute_dtype(dtype):
-    """The dtype arithmetic on ``dtype`` data runs (and accumulates) in:
-    float32 for the 16-bit floats (float16, bfloat16), ``dtype`` itself for
-    everything else (float32, float64, integers, booleans)."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype.itemsize == 2 and is_floating(dtype) else dtype
+from ..dtypes import compute_dtype
 
 
 def in_compute_dtype(*arrays):

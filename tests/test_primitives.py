@@ -1,6 +1,6 @@
 """The property suite: every registered primitive, every dtype, both sides.
 
-Parametrised over ``triflux.registry.all_primitives()`` (ids ``<name>-<dtype>``),
+Parametrised over ``triflux.primitives.REGISTRY`` (ids ``<name>-<dtype>``),
 each test draws a :class:`triflux.testing.Case` from the primitive's strategy:
 
 a. kernel forward vs reference forward (float64 copies of the same rounded
@@ -22,7 +22,9 @@ Every kernel test also checks that the kernel left the memory of its inputs
 alone (bit for bit, including the gaps of strided views), except what an
 in-place primitive is meant to overwrite.
 
-Tolerances come from ``tests/tolerances.py`` and nowhere else.
+Tolerances come from ``tests/tolerances.py`` (the table per dtype, loosened by
+the traits each primitive declares) and the primitives' own
+``<name>_magnitude`` floors, and nowhere else.
 """
 import functools
 import inspect
@@ -34,10 +36,11 @@ from hypothesis import event, given, note
 from hypothesis import strategies as st
 
 import tolerances as tol
-from triflux import backend, registry, testing
+from triflux import backend, testing
 from triflux import dtypes as tfd
+from triflux.primitives import REGISTRY
 
-PRIMITIVES = registry.all_primitives()
+PRIMITIVES = list(REGISTRY.values())
 INTERPRET = backend.interpreter_on()
 LAYOUTS = ("contiguous", "transposed", "strided")
 F64 = np.dtype(np.float64)
@@ -45,20 +48,9 @@ F64 = np.dtype(np.float64)
 
 # --- parametrisation ---------------------------------------------------------------------
 
-def _params(prims, direction, dtypes=None):
-    out = []
-    for p in prims:
-        for d in p.dtypes:
-            if dtypes is not None and d not in dtypes:
-                continue
-            marks = []
-            gap = tol.interpreter_gap(p.name, d, direction) if direction else None
-            if gap and INTERPRET:
-                marks.append(pytest.mark.skip(
-                    reason=f"interpreter gap: {p.name} {direction} in {d} cannot run in the "
-                           f"Triton interpreter ({gap}); it runs on a real GPU"))
-            out.append(pytest.param(p, d, id=f"{p.name}-{d}", marks=marks))
-    return out
+def _params(prims, dtypes=None):
+    return [pytest.param(p, d, id=f"{p.name}-{d}")
+            for p in prims for d in p.dtypes if dtypes is None or d in dtypes]
 
 
 def _f64_params(prims):
@@ -88,18 +80,19 @@ IN_PLACE = [p for p in PRIMITIVES if p.in_place]
 
 # --- parts, with a clear failure when one is missing ---------------------------------------
 
-def _part(prim, package, suffix):
+def _part(prim, part, *args):
+    """``prim.<part>(*args)``: its reference, kernel, strategy or torch_oracle."""
     try:
-        return prim._lookup(package, suffix)
+        return getattr(prim, part)(*args)
     except (ModuleNotFoundError, AttributeError) as e:
         problem = f"{type(e).__name__}: {e}"
-    pytest.fail(f"{prim.name}: triflux.{package}.{prim.family}.{prim.name}_{suffix} is "
-                f"missing ({problem}); see tests/test_registry.py", pytrace=False)
+    pytest.fail(f"{prim.name}: its {part} {' '.join(map(str, args))} is missing ({problem}); "
+                "see tests/test_registry.py", pytrace=False)
 
 
 @functools.lru_cache(maxsize=None)
 def _strategy(prim, dtype):
-    return _part(prim, "testing", "strategy")(dtype)
+    return _part(prim, "strategy", dtype)
 
 
 def draw_case(data, prim, dtype):
@@ -275,7 +268,7 @@ def torch_cpu(arrays, requires_grad=()):
 
 def oracle_forward(prim, arrays, attrs):
     """The oracle's result on CPU tensors holding ``arrays`` (in their dtype)."""
-    fn = _part(prim, "testing", "torch")
+    fn = _part(prim, "torch_oracle")
     res = fn(*torch_cpu(arrays), **_with_device(fn, attrs, "cpu"))
     if isinstance(res, (tuple, list)):
         return tuple(to_numpy(r) for r in res)
@@ -286,7 +279,7 @@ def oracle_gradients(prim, arrays, attrs, grad, idx):
     """torch.autograd gradients (a dict index -> array) of the oracle at ``arrays``
     in their dtype, for the output gradient ``grad``."""
     torch = backend.torch()
-    fn = _part(prim, "testing", "torch")
+    fn = _part(prim, "torch_oracle")
     ts = torch_cpu(arrays, requires_grad=idx)
     out = fn(*ts, **_with_device(fn, attrs, "cpu"))
     leaves = [ts[i] for i in idx]
@@ -380,16 +373,16 @@ def check_forward(actual, expected, prim, dtype, case, rounded, ref_in, what, fl
     if tdtype is not None and tol.TOLERANCES[tdtype].ratio:
         ratio = _try(oracle_forward, prim, rounded, case.attrs, label=what)
     ref_fwd = _part(prim, "reference", "forward")
-    scale = tol.magnitude(prim.name, "forward", inputs=ref_in, attrs=case.attrs,
+    scale = tol.magnitude(prim, "forward", inputs=ref_in, attrs=case.attrs,
                           reference=ref_fwd)
-    k = tol.accumulation_length(prim.name, "forward", inputs=ref_in, out=expected)
+    k = tol.accumulation_length(prim, "forward", inputs=ref_in, out=expected)
     tol.assert_close(actual, expected, tdtype or dtype, what=what,
                      ratio_reference=ratio, scale=scale, k=k,
                      flush=flush and (flushes(dtype) or flushes(tdtype or dtype)))
 
 
 @pytest.mark.requires_kernels
-@pytest.mark.parametrize("prim,dtype", _params(FORWARD, "forward"))
+@pytest.mark.parametrize("prim,dtype", _params(FORWARD))
 @given(data=st.data())
 def test_kernel_forward_matches_reference(prim, dtype, data, kernel_device):
     case = draw_case(data, prim, dtype)
@@ -397,7 +390,7 @@ def test_kernel_forward_matches_reference(prim, dtype, data, kernel_device):
     note(what)
     rounded, ref_in, k_in = both_sides(case, dtype, kernel_device)
     ref_fwd = _part(prim, "reference", "forward")
-    ker_fwd = _part(prim, "triton_kernels", "forward")
+    ker_fwd = _part(prim, "kernel", "forward")
 
     expected = np.asarray(_call("reference", ref_fwd, ref_in, case.attrs, what))
     before = snapshot(k_in)
@@ -430,7 +423,7 @@ def check_backward(grads, ref_grads, prim, dtype, out_dtype, case, rounded, ref_
         ratio = _try(oracle_gradients, prim, rounded, case.attrs, g, idx, label=what) or {}
     ref_bwd = _part(prim, "reference", "backward")
     g_ref = np.asarray(g, dtype=F64)
-    scales = tol.magnitude(prim.name, "backward", inputs=ref_in, attrs=case.attrs,
+    scales = tol.magnitude(prim, "backward", inputs=ref_in, attrs=case.attrs,
                            out=ref_out, grad=g_ref, reference=ref_bwd)
     for i in idx:
         rg, kg = ref_grads[i], grads[i]
@@ -449,7 +442,7 @@ def check_backward(grads, ref_grads, prim, dtype, out_dtype, case, rounded, ref_
             f"{gwhat}: dtype {kg.dtype}, but the input has dtype {np.asarray(rounded[i]).dtype}"
         assert np.shape(rg) == np.shape(rounded[i]), \
             f"{gwhat}: the reference gradient has shape {np.shape(rg)}, the input {np.shape(rounded[i])}"
-        k = tol.accumulation_length(prim.name, "backward", inputs=ref_in, out=ref_out,
+        k = tol.accumulation_length(prim, "backward", inputs=ref_in, out=ref_out,
                                     grad=g_ref, grad_input=rounded[i])
         # the gradient went through the output's dtype (cast: possibly coarser)
         gdtype = tol.coarsest(dtype, out_dtype) or dtype
@@ -458,7 +451,7 @@ def check_backward(grads, ref_grads, prim, dtype, out_dtype, case, rounded, ref_
 
 
 @pytest.mark.requires_kernels
-@pytest.mark.parametrize("prim,dtype", _params(BACKWARD, "backward"))
+@pytest.mark.parametrize("prim,dtype", _params(BACKWARD))
 @given(data=st.data())
 def test_kernel_backward_matches_reference(prim, dtype, data, kernel_device):
     case = draw_case(data, prim, dtype)
@@ -470,8 +463,8 @@ def test_kernel_backward_matches_reference(prim, dtype, data, kernel_device):
     rounded, ref_in, k_in = both_sides(case, dtype, kernel_device)
     ref_fwd = _part(prim, "reference", "forward")
     ref_bwd = _part(prim, "reference", "backward")
-    ker_fwd = _part(prim, "triton_kernels", "forward")
-    ker_bwd = _part(prim, "triton_kernels", "backward")
+    ker_fwd = _part(prim, "kernel", "forward")
+    ker_bwd = _part(prim, "kernel", "backward")
     kattrs = _with_device(ker_fwd, case.attrs, kernel_device)
 
     ref_out = np.asarray(_call("reference forward", ref_fwd, ref_in, case.attrs, what))
@@ -502,7 +495,7 @@ def _in_dtype(rounded, layouts):
     return tuple(in_layout(np.array(x), layouts[i]) for i, x in enumerate(rounded))
 
 
-@pytest.mark.parametrize("prim,dtype", _params(FORWARD, None, dtypes=LOW_PRECISION))
+@pytest.mark.parametrize("prim,dtype", _params(FORWARD, dtypes=LOW_PRECISION))
 @given(data=st.data())
 def test_reference_in_dtype_forward_matches_float64(prim, dtype, data):
     case = draw_case(data, prim, dtype)
@@ -518,7 +511,7 @@ def test_reference_in_dtype_forward_matches_float64(prim, dtype, data):
                   f"{what}: reference in {dtype} vs reference in float64")
 
 
-@pytest.mark.parametrize("prim,dtype", _params(BACKWARD, None, dtypes=LOW_PRECISION))
+@pytest.mark.parametrize("prim,dtype", _params(BACKWARD, dtypes=LOW_PRECISION))
 @given(data=st.data())
 def test_reference_in_dtype_backward_matches_float64(prim, dtype, data):
     case = draw_case(data, prim, dtype)
@@ -768,7 +761,7 @@ def _var_of_std(x):
     return max(m4 - s2 * s2, 0.0) / x.size / (4 * s2)
 
 
-@pytest.mark.parametrize("prim,dtype", _params(RANDOM, None))
+@pytest.mark.parametrize("prim,dtype", _params(RANDOM))
 @given(data=st.data())
 def test_random_reference_is_reproducible(prim, dtype, data):
     case = draw_case(data, prim, dtype)
@@ -779,12 +772,12 @@ def test_random_reference_is_reproducible(prim, dtype, data):
 
 
 @pytest.mark.requires_kernels
-@pytest.mark.parametrize("prim,dtype", _params(RANDOM, "forward"))
+@pytest.mark.parametrize("prim,dtype", _params(RANDOM))
 @given(data=st.data())
 def test_random_kernel_is_reproducible(prim, dtype, data, kernel_device):
     case = draw_case(data, prim, dtype)
     what = describe(prim, dtype, "kernel draw", case)
-    ker = _part(prim, "triton_kernels", "forward")
+    ker = _part(prim, "kernel", "forward")
 
     def run(attrs):
         out = _call("kernel", ker, (), _with_device(ker, attrs, kernel_device), what)
@@ -800,7 +793,7 @@ def _example_attrs(prim, dtype):
     return case
 
 
-@pytest.mark.parametrize("prim,dtype", _params(RANDOM, None))
+@pytest.mark.parametrize("prim,dtype", _params(RANDOM))
 def test_random_reference_moments(prim, dtype):
     case = _example_attrs(prim, dtype)
     attrs = _random_attrs(case, (MOMENT_N,), 20240611)
@@ -811,12 +804,12 @@ def test_random_reference_moments(prim, dtype):
 
 
 @pytest.mark.requires_kernels
-@pytest.mark.parametrize("prim,dtype", _params(RANDOM, "forward"))
+@pytest.mark.parametrize("prim,dtype", _params(RANDOM))
 def test_random_kernel_moments(prim, dtype, kernel_device):
     case = _example_attrs(prim, dtype)
     attrs = _random_attrs(case, (MOMENT_N,), 20240611)
     what = describe(prim, dtype, "kernel moments", case)
-    ker = _part(prim, "triton_kernels", "forward")
+    ker = _part(prim, "kernel", "forward")
     sample = to_numpy(_call("kernel", ker, (), _with_device(ker, attrs, kernel_device), what))
     torch_sample = _try(oracle_forward, prim, (), attrs, label=what)
     _check_moments(prim, dtype, sample, what, torch_sample)
@@ -836,7 +829,7 @@ def _reproducible(prim, run, what):
             assert _bits(a) == _bits(b), f"{what}: the same seed gave different gradients for input {i}"
 
 
-@pytest.mark.parametrize("prim,dtype", _params(RANDOM_WITH_INPUTS, None))
+@pytest.mark.parametrize("prim,dtype", _params(RANDOM_WITH_INPUTS))
 @given(data=st.data())
 def test_random_reference_with_inputs_is_reproducible(prim, dtype, data):
     case = draw_case(data, prim, dtype)
@@ -852,14 +845,14 @@ def test_random_reference_with_inputs_is_reproducible(prim, dtype, data):
 
 
 @pytest.mark.requires_kernels
-@pytest.mark.parametrize("prim,dtype", _params(RANDOM_WITH_INPUTS, "forward"))
+@pytest.mark.parametrize("prim,dtype", _params(RANDOM_WITH_INPUTS))
 @given(data=st.data())
 def test_random_kernel_with_inputs_is_reproducible(prim, dtype, data, kernel_device):
     case = draw_case(data, prim, dtype)
     what = describe(prim, dtype, "kernel, same seed twice", case)
     xs = kernel_tensors(rounded_inputs(case, dtype, flushes(dtype)), case_layouts(case, len(case.inputs)),
                         kernel_device)
-    fwd, bwd = _part(prim, "triton_kernels", "forward"), _part(prim, "triton_kernels", "backward")
+    fwd, bwd = _part(prim, "kernel", "forward"), _part(prim, "kernel", "backward")
 
     def run():
         y = _call("kernel", fwd, xs, case.attrs, what)
@@ -871,23 +864,8 @@ def test_random_kernel_with_inputs_is_reproducible(prim, dtype, data, kernel_dev
 
 # === f. in-place primitives ===================================================================
 
-def mutated_indices(prim, n_inputs, n_results):
-    """Which inputs an in-place primitive overwrites: the family's testing
-    module may say (``MUTATED = {name: indices}``); otherwise the oracle's
-    results must be one per input."""
-    module = _part(prim, "testing", "torch").__module__
-    import importlib
-    table = getattr(importlib.import_module(module), "MUTATED", {})
-    if prim.name in table:
-        return tuple(table[prim.name])
-    if n_results == n_inputs:
-        return tuple(range(n_inputs))
-    pytest.fail(f"{prim.name}: the oracle returns {n_results} new values for {n_inputs} inputs; "
-                f"say which inputs are mutated in {module}.MUTATED[{prim.name!r}]", pytrace=False)
-
-
 @pytest.mark.requires_kernels
-@pytest.mark.parametrize("prim,dtype", _params(IN_PLACE, "forward"))
+@pytest.mark.parametrize("prim,dtype", _params(IN_PLACE))
 @given(data=st.data())
 def test_in_place_kernel_matches_reference(prim, dtype, data, kernel_device):
     case = draw_case(data, prim, dtype)
@@ -895,20 +873,18 @@ def test_in_place_kernel_matches_reference(prim, dtype, data, kernel_device):
     note(what)
     rounded, ref_in, k_in = both_sides(case, dtype, kernel_device)
     ref_fwd = _part(prim, "reference", "forward")
-    ker_fwd = _part(prim, "triton_kernels", "forward")
+    ker_fwd = _part(prim, "kernel", "forward")
 
     r = _call("reference", ref_fwd, ref_in, case.attrs, what)
     assert r is None, f"{what}: an in-place reference returns None, got {type(r).__name__}"
     ratio_new = None
     if tol.TOLERANCES[tol.dtype_name(dtype)].ratio:
         ratio_new = _try(oracle_forward, prim, rounded, case.attrs, label=what)
-    mutated = mutated_indices(prim, len(rounded), len(ratio_new) if ratio_new else len(rounded)) \
-        if ratio_new is not None else None
     before = snapshot(k_in)
     out = _call("kernel", ker_fwd, k_in, _with_device(ker_fwd, case.attrs, kernel_device), what)
     assert out is None, f"{what}: an in-place kernel returns None, got {type(out).__name__}"
-    assert_untouched(k_in, before, what, allowed=range(len(k_in)))
-    ratio_of = dict(zip(mutated, ratio_new)) if mutated is not None else {}
+    assert_untouched(k_in, before, what, allowed=prim.mutates)
+    ratio_of = dict(zip(prim.mutates, ratio_new)) if ratio_new is not None else {}
     for i, (t, expected) in enumerate(zip(k_in, ref_in)):
         actual = to_numpy(t)
         if not is_float(expected):
@@ -930,9 +906,9 @@ def test_in_place_reference_matches_torch_float64(prim, data):
     original = [np.array(a) for a in x]
     new = oracle_forward(prim, original, case.attrs)
     new = new if isinstance(new, tuple) else (new,)
-    mutated = mutated_indices(prim, len(x), len(new))
+    mutated = prim.mutates
     assert len(new) == len(mutated), \
-        f"{what}: the oracle returns {len(new)} arrays for mutated inputs {mutated}"
+        f"{what}: the oracle returns {len(new)} arrays for the inputs {mutated} declared mutated"
     _call("reference", _part(prim, "reference", "forward"), x, case.attrs, what)
     for j, i in enumerate(mutated):
         tol.assert_close(x[i], new[j], "float64", rtol=tol.TORCH_F64_RTOL,

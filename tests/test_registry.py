@@ -1,9 +1,13 @@
-"""Completeness of the primitive registry (triflux/registry.py).
+"""Completeness of the primitive registry (triflux/registry.py lists what a
+primitive needs; triflux/primitives.py declares them).
 
-Every declared primitive must have all of its parts (reference forward and
-backward, kernel forward and backward, strategy, torch oracle); the reference
-and kernel modules of a family must mirror each other name for name; and the
-reference, which users read to learn the math, documents every function.
+Every declared primitive must state its required traits and have all of its
+parts (reference forward and backward, kernel forward and backward, strategy,
+torch oracle; a tolerance floor ``<name>_magnitude`` is optional but must have
+the agreed signature); the reference and kernel modules of a family must
+mirror each other name for name; no function of a family's modules is named
+for a primitive nobody declared; and the reference, which users read to learn
+the math, documents every function.
 
 Kernel modules need torch and triton; without them the kernel checks are
 skipped with the reason, and everything else is still checked.
@@ -14,9 +18,11 @@ import inspect
 import pytest
 
 from triflux import backend, registry
+from triflux.primitives import REGISTRY
 
-PRIMITIVES = registry.all_primitives()
+PRIMITIVES = list(REGISTRY.values())
 FAMILIES = sorted({p.family for p in PRIMITIVES})
+DECLARATIONS = "triflux/primitives.py"
 
 KERNELS_OK, KERNELS_WHY = backend.status("CUDA")
 if not (backend.has_module("torch") and backend.has_module("triton")):
@@ -51,16 +57,44 @@ def _public_functions(module):
 
 
 def test_registry_is_not_empty_and_declarations_are_consistent():
-    assert PRIMITIVES, "triflux.registry.all_primitives() is empty"
+    assert PRIMITIVES, f"{DECLARATIONS} declares no primitives"
     for p in PRIMITIVES:
         assert set(p.dtypes) <= set(registry.ALL_FLOAT_DTYPES), \
             f"{p.name}: unknown dtypes {set(p.dtypes) - set(registry.ALL_FLOAT_DTYPES)}"
         assert p.dtypes, f"{p.name}: declares no dtypes"
         if p.in_place:
             assert not p.differentiable, f"{p.name}: in-place primitives are not differentiable"
+            assert all(isinstance(i, int) and i >= 0 for i in p.mutates), \
+                f"{p.name}: mutates={p.mutates!r} must be indices of inputs"
         if p.random and p.differentiable:
             # a random primitive with inputs (dropout) redraws its mask from the seed
             assert "seed" in p.doc, f"{p.name}: a differentiable random primitive needs a `seed` attr"
+
+
+ACCUMULATES_WHY = ("whether its kernels add up long sums (a reduction over an axis, dot products): "
+                   "the property tests allow such sums sqrt(K) more rounding error")
+
+
+@pytest.mark.parametrize("prim", PRIMITIVES, ids=lambda p: p.name)
+def test_every_required_trait_is_declared(prim):
+    problems = []
+    if prim.differentiable and not isinstance(prim.accumulates, bool):
+        problems.append(f"add accumulates=True or accumulates=False ({ACCUMULATES_WHY})")
+    if not prim.differentiable and (prim.multilinear_backward or prim.partial_backward):
+        problems.append("multilinear_backward and partial_backward describe a backward, and it has none "
+                        "(differentiable=False)")
+    if prim.fusable_activations:
+        known = {"identity"} | {p.name for p in PRIMITIVES if p.family == "elementwise"}
+        unknown = sorted(set(prim.fusable_activations) - known)
+        if unknown:
+            problems.append(f"fusable_activations {unknown} are neither 'identity' nor elementwise "
+                            "primitives")
+        if "activation" not in inspect.signature(prim.reference()).parameters:
+            problems.append("it declares fusable_activations, but its reference forward takes no "
+                            "`activation` attr")
+    if problems:
+        pytest.fail(f"primitive {prim.name!r}: in its register(...) call in {DECLARATIONS}: "
+                    + "; ".join(problems), pytrace=False)
 
 
 @pytest.mark.parametrize("prim", PRIMITIVES, ids=lambda p: p.name)
@@ -84,7 +118,8 @@ def test_every_part_exists_and_is_callable(prim):
             missing.append(f"{part} `{where}` is not callable (it is a {type(fn).__name__})")
     if missing:
         pytest.fail(f"primitive {prim.name!r} (family {prim.family!r}) lacks: "
-                    + "; ".join(missing), pytrace=False)
+                    + "; ".join(missing) + " (triflux/registry.py lists what a primitive needs)",
+                    pytrace=False)
     if skipped:
         pytest.skip(f"{prim.name}: reference and strategy parts present; not checked: "
                     + "; ".join(skipped))
@@ -104,8 +139,27 @@ def test_strategy_gives_a_hypothesis_strategy_for_every_dtype(prim):
             f"{prim.name}_strategy({dtype!r}) returned {type(s).__name__}, not a hypothesis strategy"
 
 
-def _suffixed(functions):
-    return {n for n in functions if n.endswith("_forward") or n.endswith("_backward")}
+MAGNITUDE_PARAMETERS = ("direction", "inputs", "attrs", "out", "grad", "reference")
+
+
+@pytest.mark.parametrize("prim", PRIMITIVES, ids=lambda p: p.name)
+def test_an_optional_magnitude_has_the_agreed_signature(prim):
+    try:
+        fn = prim.magnitude()
+    except ModuleNotFoundError as e:
+        pytest.fail(f"{prim.name}: {e} (see test_every_part_exists_and_is_callable)", pytrace=False)
+    if fn is None:
+        return
+    where = f"triflux.testing.{prim.family}.{prim.name}_magnitude"
+    assert callable(fn), f"{where} is not callable"
+    params = inspect.signature(fn).parameters
+    missing = [n for n in MAGNITUDE_PARAMETERS if n not in params]
+    assert not missing, (f"{where} lacks the parameters {missing}; write it as {prim.name}_magnitude"
+                         "(direction, *, inputs, attrs, out=None, grad=None, reference=None)")
+
+
+def _suffixed(functions, suffixes=("_forward", "_backward")):
+    return {n for n in functions if n.endswith(suffixes)}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -144,16 +198,24 @@ def test_every_reference_function_has_a_docstring(family):
                     f"reference documents its math): {bare}", pytrace=False)
 
 
+#: the functions of a family's modules that are parts of a primitive, by package
+PART_SUFFIXES = {"reference": ("_forward", "_backward"),
+                 "testing": ("_strategy", "_torch", "_magnitude")}
+
+
+@pytest.mark.parametrize("package", sorted(PART_SUFFIXES))
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_reference_primitive_function_is_registered(family):
-    """A ``*_forward`` nobody registered would escape the property suite."""
-    ref, problem = _import_family("reference", family)
+def test_every_part_belongs_to_a_declared_primitive(family, package):
+    """A ``*_forward`` nobody declared would escape the property suite, and a
+    misspelt ``*_magnitude`` would silently not be used."""
+    module, problem = _import_family(package, family)
     if problem is not None:
         pytest.fail(f"family {family!r}: {problem[1]}", pytrace=False)
     names = {p.name for p in PRIMITIVES if p.family == family}
-    stray = sorted(n for n in _suffixed(_public_functions(ref))
-                   if n.rsplit("_", 1)[0] not in names)
+    suffixes = PART_SUFFIXES[package]
+    stray = sorted(n for n in _suffixed(_public_functions(module), suffixes)
+                   if not any(n == f"{name}{s}" for name in names for s in suffixes))
     if stray:
-        pytest.fail(f"reference/{family}.py defines {stray}, but no primitive of family "
-                    f"{family!r} with that name is declared in triflux/primitives.py, so the "
-                    "property suite does not test them", pytrace=False)
+        pytest.fail(f"triflux.{package}.{family} defines {stray}, but no primitive of family "
+                    f"{family!r} with that name is declared in {DECLARATIONS}, so the property suite "
+                    "does not use them", pytrace=False)

@@ -17,12 +17,13 @@ is absolute (half a subnormal spacing), and ``u_dtype * tiny`` is exactly that,
 so the bound above holds there too.
 
 For float16/bfloat16 (and float32/float64, see their entries) a fixed
-tolerance is brittle where the *output rounding feeds the math*: a backward that uses the forward output ``out`` (sigmoid,
-tanh, softmax use ``out``), results that flush to subnormals, cancellations
-the dtype cannot represent. torch makes the same errors on the same inputs, so
-there ``assert_close`` also accepts an error within ``RATIO`` (2x) of torch's
-own error in the same dtype (``ratio_reference``: torch's result in that
-dtype, measured against the same float64 reference).
+tolerance is brittle where the *output rounding feeds the math*: a backward
+that uses the forward output ``out`` (sigmoid, tanh, softmax use ``out``),
+results that flush to subnormals, cancellations the dtype cannot represent.
+torch makes the same errors on the same inputs, so there ``assert_close``
+also accepts an error within ``RATIO`` (2x) of torch's own error in the same
+dtype (``ratio_reference``: torch's result in that dtype, measured against
+the same float64 reference).
 """
 import math
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from triflux import dtypes as _dt
+from triflux.reference._util import unbroadcast
+from triflux.testing import finite_max
 
 #: unit roundoff (2^-p for a p-bit significand) of each floating dtype
 UNIT_ROUNDOFF = {
@@ -48,8 +51,8 @@ class Tolerance:
 
 
 #: THE table. One entry per dtype; nothing else in the suite invents a tolerance
-#: for kernel-vs-reference comparisons (per-primitive looseners are below, each
-#: with its reason).
+#: for kernel-vs-reference comparisons (the per-primitive looseners below follow
+#: from the traits each primitive declares in triflux/primitives.py).
 TOLERANCES = {
     # float64 kernels compute in float64: a handful of operations, each within an
     # ulp or two (libdevice / NumPy transcendental functions: <= 2-4 ulp), and the
@@ -88,18 +91,6 @@ TOLERANCES = {
 #: the same dtype on the same inputs (DESIGN.md, "Testing")
 RATIO = 2.0
 
-#: dtypes a kernel cannot run in the Triton interpreter. Keys: (primitive name,
-#: dtype, direction) with "*" as a wildcard for name or direction. A case listed
-#: here is *skipped with this reason* under the interpreter (never dropped
-#: silently) and runs on a real GPU. Keep it small and explain each entry.
-INTERPRETER_GAPS = {
-    # (no whole case needs skipping so far: every kernel upcasts bfloat16 to
-    # float32 before any arithmetic, as the brief requires, so the interpreter's
-    # broken bfloat16 arithmetic is never reached. The one gap found, bfloat16
-    # subnormals, is handled below by flushing them instead of skipping.)
-}
-
-
 #: dtypes whose subnormal numbers the Triton interpreter (3.6) converts wrongly.
 #: bfloat16 <-> float32 conversions of subnormals (|x| < 2^-126 ~ 1.2e-38) are
 #: off in both directions: loading the bfloat16 1.9e-39 gives 3.7e-39 in
@@ -126,144 +117,84 @@ def flush_subnormals(a, dtype):
     return np.where(small, np.copysign(0.0, a64), a64).astype(a.dtype)
 
 
-def interpreter_gap(name, dtype, direction):
-    """The reason ``name`` cannot run in ``dtype`` in the interpreter, or None."""
-    for key in ((name, dtype, direction), (name, dtype, "*"), ("*", dtype, direction),
-                ("*", dtype, "*")):
-        if key in INTERPRETER_GAPS:
-            return INTERPRETER_GAPS[key]
-    return None
+# --- per-primitive looseners, from the traits declared in triflux/primitives.py -----------
 
-
-# --- per-primitive looseners ---------------------------------------------------------
-
-#: Primitives whose kernels accumulate (sum over an axis, dot products, the
-#: sums inside the softmax family). Their float32 arithmetic error grows with the
-#: accumulation length K: about sqrt(K) u_compute for random-sign rounding errors
-#: (blocked/tree sums keep the worst case near that too). The tolerance gets
-#: ACCUMULATION_C * sqrt(K) * u_compute on top of the table entry; K is bounded
-#: by the size of the largest tensor involved (a few thousand in the strategies),
-#: so float32 moves from 3.8e-6 to at most ~2e-5 and float16/bfloat16 barely move.
-#: Backward passes of broadcasting primitives accumulate too (the gradient of a
-#: broadcast input is a sum over the broadcast axes); the harness adds that
-#: loosener whenever a gradient has fewer elements than the output gradient.
-ACCUMULATING = {"sum", "mean", "matmul", "softmax", "logsoftmax", "logsumexp", "conv2d", "conv_transpose2d",
-                "conv2d_bias_act", "rnn_sequence", "lstm_sequence", "gru_sequence"}
+#: For a primitive declared ``accumulates`` the float32 arithmetic error grows
+#: with the accumulation length K: about sqrt(K) u_compute for random-sign
+#: rounding errors (blocked/tree sums keep the worst case near that too). The
+#: tolerance gets ACCUMULATION_C * sqrt(K) * u_compute on top of the table
+#: entry; K is bounded by the size of the largest tensor involved (a few
+#: thousand in the strategies), so float32 moves from 3.8e-6 to at most ~2e-5
+#: and float16/bfloat16 barely move. Backward passes of broadcasting
+#: primitives accumulate too (the gradient of a broadcast input is a sum over
+#: the broadcast axes); that loosener applies whenever a gradient has fewer
+#: elements than the output gradient.
 ACCUMULATION_C = 4.0
 
-#: Multilinear primitives (their forward, and their backward in every argument
-#: including the incoming gradient, are sums of products/quotients of the
-#: inputs). For them the natural size of a rounding error is set by the same
-#: computation on absolute values, f(|x|) >= |f(x)| (triangle inequality): a
-#: dot product or a gradient sum that cancels to nearly zero cannot be computed
-#: to small *relative* error in float32 by anyone (torch included), only to
-#: small error relative to sum |terms|. So for these the error is measured
-#: against max(||e||, ||f(|x|)||). Only for accumulating directions: a plain
-#: elementwise a+b is computed exactly in float32 and rounded once, so it keeps
-#: the strict relative measure.
-MULTILINEAR_FORWARD = {"sum", "mean", "matmul", "conv2d", "conv_transpose2d", "conv2d_bias_act"}
-MULTILINEAR_BACKWARD = {"sum", "mean", "matmul", "conv2d", "conv_transpose2d", "broadcast_to", "reshape", "transpose",
-                        "getitem", "concat", "contiguous"}
-#: Broadcasting elementwise operations. The gradient of a broadcast input is
-#: a sum over the broadcast axes of per-element terms (g * dy/dx), and each
-#: term carries a relative error of up to u_dtype on its own: the kernel's
-#: backward receives the forward output *rounded to dtype* (pow's
-#: db = sum g * y * log(a) uses y), and the terms may cancel (pow of a
-#: (1, 5, 6, 10) bfloat16 array by a scalar: 300 terms, the sum 500x smaller
-#: than sum |terms|). The achievable bound is u_dtype * sum |terms|, so the
-#: error is measured against that: the reference backward is evaluated on the
-#: inputs broadcast to the output's shape (no sum), and the absolute values
-#: are summed back with unbroadcast. Inputs that are not broadcast get no floor.
-BROADCASTING_ELEMENTWISE = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "where"}
 
-
-def _finite_max(a):
-    a = np.abs(np.asarray(a, dtype=np.float64))
-    a = a[np.isfinite(a)]
-    return float(a.max()) if a.size else 0.0
-
-
-def magnitude(name, direction, *, inputs, attrs, out=None, grad=None, reference=None):
-    """A floor for the denominator of the relative error of ``name``'s
+def magnitude(prim, direction, *, inputs, attrs, out=None, grad=None, reference=None):
+    """A floor for the denominator of the relative error of ``prim``'s
     ``direction`` (None: no floor), from the size of the terms the computation
     adds up. ``inputs``/``out``/``grad`` are the float64 reference-side arrays;
     ``reference`` the reference function of that direction. Returns a float, or
-    a tuple (one per input) for "backward"."""
+    a tuple (one per input) for "backward".
+
+    The primitive's own ``<name>_magnitude`` (triflux/testing/<family>.py)
+    decides first; where it has none (or returns None) the traits do:
+
+    * ``multilinear_forward`` / ``multilinear_backward``: the direction is a
+      sum of products (backward: of the inputs and the output gradient), so
+      the natural size of a rounding error is set by the same computation on
+      absolute values, f(|x|) >= |f(x)| (triangle inequality): a dot product
+      or a gradient sum that cancels to nearly zero cannot be computed to
+      small *relative* error in float32 by anyone (torch included), only to
+      small error relative to sum |terms|. A plain elementwise a+b is computed
+      exactly in float32 and rounded once, so it keeps the strict measure.
+    * ``broadcasting`` (backward): the gradient of a broadcast input is a sum
+      over the broadcast axes of per-element terms (g * dy/dx), each with a
+      relative error of up to u_dtype of its own: the kernel's backward
+      receives the forward output *rounded to dtype* (pow's db = sum g * y *
+      log(a) uses y), and the terms may cancel (pow of a (1, 5, 6, 10) bfloat16
+      array by a scalar: 300 terms, the sum 500x smaller than sum |terms|).
+      The achievable bound is u_dtype * sum |terms|: the reference backward is
+      evaluated on the inputs broadcast to the output's shape (no sum), and
+      the absolute values are summed back with unbroadcast. Inputs that are
+      not broadcast get no floor.
+    """
+    own = prim.magnitude()
+    if own is not None:
+        floor = own(direction, inputs=inputs, attrs=attrs, out=out, grad=grad, reference=reference)
+        if floor is not None:
+            return floor
     absin = tuple(np.abs(x) if _is_float_array(x) else x for x in inputs)
-    if direction == "forward" and name in MULTILINEAR_FORWARD:
-        return _finite_max(reference(*absin, **attrs))
-    if direction == "backward" and name == "conv2d_bias_act":
-        return _conv_bias_act_backward_floor(inputs, attrs, out, grad)
-    if direction == "backward" and name in MULTILINEAR_BACKWARD:
+    if direction == "forward" and prim.multilinear_forward:
+        return finite_max(reference(*absin, **attrs))
+    if direction == "backward" and prim.multilinear_backward:
         grads = reference(np.abs(grad), np.abs(out), *absin, **attrs)
-        return tuple(None if g is None else _finite_max(g) for g in grads)
-    if direction == "backward" and name in BROADCASTING_ELEMENTWISE:
-        from triflux.reference._util import unbroadcast
+        return tuple(None if g is None else finite_max(g) for g in grads)
+    if direction == "backward" and prim.broadcasting:
         shape = np.shape(grad)
         full = tuple(np.array(np.broadcast_to(x, shape)) for x in inputs)
         terms = reference(grad, out, *full, **attrs)
         return tuple(None if t is None or np.shape(t) == np.shape(x)
-                     else _finite_max(unbroadcast(np.abs(np.asarray(t, dtype=np.float64)),
-                                                  np.shape(x)))
+                     else finite_max(unbroadcast(np.abs(np.asarray(t, dtype=np.float64)), np.shape(x)))
                      for t, x in zip(terms, inputs))
-    if direction == "backward" and name == "softmax":
-        # dx = y * (g - sum_j g_j y_j): for a constant g the bracket cancels to
-        # zero exactly; its terms have size y * (|g| + sum_j |g_j| y_j).
-        axis = _axis_of(attrs, inputs[0])
-        y, g = np.abs(out), np.abs(grad)
-        return (_finite_max(y * (g + (g * y).sum(axis=axis, keepdims=True))),)
-    if direction == "backward" and name == "logsoftmax":
-        # dx = g - exp(y) * sum_j g_j: cancels likewise; terms |g| + exp(y) sum|g|.
-        axis = _axis_of(attrs, inputs[0])
-        g = np.abs(grad)
-        return (_finite_max(g + np.exp(out) * g.sum(axis=axis, keepdims=True)),)
-    if direction == "forward" and name == "logsumexp":
-        # y = m + log(sum exp(x - m)) cancels when m ~ -log(sum ...); the terms
-        # are |m| and log(K) at most.
-        x = np.asarray(inputs[0], dtype=np.float64)
-        k = x.shape[_axis_of(attrs, x)] if x.ndim else 1
-        return _finite_max(x) + math.log(max(k, 1))
-    if direction == "forward" and name == "logsoftmax":
-        # y = x - m - log(sum exp(x - m)): absolute error ~ u (|x - m| + log K).
-        x = np.asarray(inputs[0], dtype=np.float64)
-        k = x.shape[_axis_of(attrs, x)] if x.ndim else 1
-        return 2 * _finite_max(x) + math.log(max(k, 1))
     return None if direction == "forward" else (None,) * len(inputs)
-
-
-def _conv_bias_act_backward_floor(inputs, attrs, out, grad):
-    """conv2d_bias_act's backward reads the output y rounded to the dtype, and
-    act'(y) moves by |d act'/dy| u |y| (sigmoid: |1 - 2y|, tanh: 2|y|), so
-    gz = G act'(y) carries terms of size |G| (|act'(y)| + |d act'/dy| |y|);
-    dx, dw and db then sum those like conv2d's backward (on |x|, |w|)."""
-    from triflux.reference import conv as rc
-    x, w, _ = inputs
-    y = np.abs(np.asarray(out, dtype=np.float64))
-    s = {"identity": np.ones_like(y), "relu": (y > 0).astype(np.float64),
-         "sigmoid": y * np.abs(1 - y) + np.abs(1 - 2 * y) * y,
-         "tanh": np.abs(1 - y * y) + 2 * y * y}[attrs["activation"]]
-    gz = np.abs(np.asarray(grad, dtype=np.float64)) * s
-    conv_attrs = {k: v for k, v in attrs.items() if k != "activation"}
-    dx, dw = rc.conv2d_backward(gz, gz, np.abs(x), np.abs(w), **conv_attrs)
-    return (_finite_max(dx), _finite_max(dw), _finite_max(gz.sum(axis=(0, 2, 3))))
-
-
-def _axis_of(attrs, x):
-    axis = attrs.get("axis", -1)
-    if isinstance(axis, (tuple, list)):
-        axis = axis[0] if len(axis) == 1 else -1
-    return int(axis) % max(np.ndim(x), 1)
 
 
 def _is_float_array(x):
     return _dt.is_floating(np.asarray(x).dtype)
 
 
-def accumulation_length(name, direction, *, inputs, out=None, grad=None, grad_input=None):
+def accumulation_length(prim, direction, *, inputs, out=None, grad=None, grad_input=None):
     """K for the sqrt(K) loosener (1 where the primitive does not accumulate).
     An upper bound: the number of elements of the largest tensor involved."""
+    if prim.accumulates is None:
+        raise AssertionError(
+            f"{prim.name}: its declaration in triflux/primitives.py does not say whether it "
+            "accumulates; add accumulates=True or accumulates=False to its register(...) call")
     sizes = [np.size(x) for x in inputs] + [np.size(out) if out is not None else 0]
-    if name in ACCUMULATING:
+    if prim.accumulates:
         return max([1] + sizes)
     if direction == "backward" and grad is not None and grad_input is not None \
             and np.size(grad_input) < np.size(grad):

@@ -79,6 +79,14 @@ def is_bfloat16(d):
     return d.kind == "V" and d.name == "bfloat16"
 
 
+def compute_dtype(dtype):
+    """The dtype arithmetic on ``dtype`` data runs (and accumulates) in:
+    float32 for the 16-bit floats (float16, bfloat16), ``dtype`` itself for
+    everything else (float32, float64, integers, booleans)."""
+    dtype = as_dtype(dtype)
+    return float32 if dtype.itemsize == 2 and is_floating(dtype) else dtype
+
+
 _TORCH = {}
 
 

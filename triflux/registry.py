@@ -1,19 +1,23 @@
-"""The one registry of primitives.
+"""What a primitive is, and what to write to add one.
 
-A primitive is declared once (``triflux/primitives.py``) by name and family.
-Its five parts are found by that name, so reference and kernel files mirror
-each other and the property suite covers every primitive automatically:
+To add a primitive ``<name>`` of family ``<family>``, write:
 
-===================  ===============================================================
-part                 where
-===================  ===============================================================
-reference forward    ``triflux.reference.<family>.<name>_forward``
-reference backward   ``triflux.reference.<family>.<name>_backward``
-kernel forward       ``triflux.triton_kernels.<family>.<name>_forward``
-kernel backward      ``triflux.triton_kernels.<family>.<name>_backward``
-strategy             ``triflux.testing.<family>.<name>_strategy``
-(torch oracle)       ``triflux.testing.<family>.<name>_torch`` (tests only)
-===================  ===============================================================
+1. its declaration in ``triflux/primitives.py`` (which fills and holds
+   ``REGISTRY``): ``register("<name>", "<family>", accumulates=..., doc=...)``
+   with its traits, the fields of :class:`Primitive` (``accumulates`` has no
+   default for a differentiable primitive);
+2. the reference, ``<name>_forward`` and (if differentiable) ``<name>_backward``
+   in ``triflux.reference.<family>``, the math in their docstrings;
+3. the kernel, the same two functions in ``triflux.triton_kernels.<family>``;
+4. the testing part in ``triflux.testing.<family>``: ``<name>_strategy(dtype)``,
+   ``<name>_torch(*tensors, **attrs)`` (the oracle), and, only where the
+   generic tolerance floors miss a cancellation, ``<name>_magnitude(direction,
+   *, inputs, attrs, out=None, grad=None, reference=None)``;
+5. the user-facing function (``triflux/ops.py``) or layer (``triflux/layers/``),
+   only when there is one.
+
+tests/test_registry.py checks 1-4 and says what is missing where; the
+property suite (tests/test_primitives.py) then cross-checks every part.
 
 Calling conventions, identical for the reference (NumPy arrays) and the kernels
 (torch tensors used as storage):
@@ -24,14 +28,12 @@ Calling conventions, identical for the reference (NumPy arrays) and the kernels
   input: the gradient, shaped and typed like that input, or ``None`` where the
   input has no gradient (a boolean condition, an integer index).
 * A primitive declared ``partial_backward`` also takes ``needs=`` (one bool
-  per input) and may return ``None`` for inputs not needed; autodiff passes
-  it so, e.g., no gradient is computed for a layer's input data.
-* Non-differentiable primitives (comparisons, fills, optimiser updates) have
-  no backward; ``in_place`` primitives mutate their first inputs and return
-  ``None``.
-* ``<name>_strategy(dtype)`` returns a hypothesis strategy of
-  :class:`triflux.testing.Case`; ``<name>_torch(*tensors, **attrs)`` computes
-  the same forward with torch, the independent oracle.
+  per input) and may return ``None`` for inputs not needed.
+* Non-differentiable primitives have no backward; in-place primitives
+  overwrite the inputs they declare in ``mutates`` and return ``None``.
+* ``<name>_magnitude`` returns a floor for the denominator of the relative
+  error of that direction (a float forward, a tuple with one entry per input
+  backward), or None to leave it to the generic floors of the traits.
 
 Reference modules import at once (NumPy only); kernel and testing modules are
 imported on first use, so neither torch nor Triton nor hypothesis is needed
@@ -43,44 +45,75 @@ from dataclasses import dataclass, field
 ALL_FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class Primitive:
+    """A declared primitive: its name, family and traits, and its parts found by name."""
     name: str
     family: str
+    #: has a backward
     differentiable: bool = True
-    in_place: bool = False
-    random: bool = False
+    #: whether the kernels add up long sums (reductions over an axis, dot
+    #: products), whose float32 rounding error grows with the length K;
+    #: None = not stated, which the completeness test rejects when differentiable
+    accumulates: bool | None = None
+    #: the forward is a sum of products of the inputs, so its rounding error is
+    #: bounded by the same computation on the inputs' absolute values
+    multilinear_forward: bool = False
+    #: the backward is a sum of products of the output gradient and the inputs
+    multilinear_backward: bool = False
+    #: elementwise with NumPy broadcasting: the gradient of a broadcast input
+    #: is a sum over the broadcast axes
+    broadcasting: bool = False
+    #: the values of the ``activation`` attr a fused primitive applies
+    fusable_activations: tuple = ()
+    #: the backward takes ``needs=`` and may skip gradients nobody needs
     partial_backward: bool = False
+    #: the indices of the inputs an in-place primitive (an optimiser update)
+    #: overwrites; it returns None
+    mutates: tuple = ()
+    #: draws random numbers from a ``seed`` attr
+    random: bool = False
     dtypes: tuple = ALL_FLOAT_DTYPES
     doc: str = ""
-    _cache: dict = field(default_factory=dict, repr=False)
+    _found: dict = field(default_factory=dict, repr=False)
 
-    def _lookup(self, package, suffix):
+    @property
+    def in_place(self):
+        return bool(self.mutates)
+
+    def _find(self, package, suffix, required=True):
         key = (package, suffix)
-        fn = self._cache.get(key)
-        if fn is None:
+        if key not in self._found:
             module = importlib.import_module(f"triflux.{package}.{self.family}")
-            fn = getattr(module, f"{self.name}_{suffix}")
-            self._cache[key] = fn
-        return fn
+            fn = getattr(module, f"{self.name}_{suffix}", None)
+            if fn is None and required:
+                raise AttributeError(f"triflux.{package}.{self.family} defines no "
+                                     f"{self.name}_{suffix}")
+            self._found[key] = fn
+        return self._found[key]
 
     def reference(self, direction="forward"):
-        return self._lookup("reference", direction)
+        """The NumPy reference of ``direction`` ("forward" or "backward")."""
+        return self._find("reference", direction)
 
     def kernel(self, direction="forward"):
-        return self._lookup("triton_kernels", direction)
-
-    def impl(self, on_cpu, direction="forward"):
-        return self._lookup("reference" if on_cpu else "triton_kernels", direction)
+        """The Triton kernel of ``direction``."""
+        return self._find("triton_kernels", direction)
 
     def strategy(self, dtype):
-        return self._lookup("testing", "strategy")(dtype)
+        """A hypothesis strategy of :class:`triflux.testing.Case` in ``dtype``."""
+        return self._find("testing", "strategy")(dtype)
 
     def torch_oracle(self):
-        return self._lookup("testing", "torch")
+        """The forward computed with torch, the independent oracle."""
+        return self._find("testing", "torch")
+
+    def magnitude(self):
+        """The optional tolerance floor ``<name>_magnitude``, or None."""
+        return self._find("testing", "magnitude", required=False)
 
     def parts(self):
-        """(part name, package, suffix) for every part this primitive must have."""
+        """(part, package, suffix) for every part this primitive must have."""
         out = [("reference forward", "reference", "forward"),
                ("kernel forward", "triton_kernels", "forward"),
                ("strategy", "testing", "strategy"),
@@ -91,21 +124,13 @@ class Primitive:
         return out
 
 
-REGISTRY: dict = {}
+class Registry(dict):
+    """Primitives by name; ``triflux.primitives.REGISTRY`` is the one instance."""
 
-
-def register(name, family, **kw):
-    if name in REGISTRY:
-        raise ValueError(f"primitive {name!r} registered twice")
-    p = Primitive(name, family, **kw)
-    REGISTRY[name] = p
-    return p
-
-
-def get(name):
-    return REGISTRY[name]
-
-
-def all_primitives():
-    from . import primitives  # noqa: F401  (fills REGISTRY)
-    return list(REGISTRY.values())
+    def register(self, name, family, **traits):
+        if name in self:
+            raise ValueError(f"primitive {name!r} registered twice")
+        if not traits.get("differentiable", True):
+            traits.setdefault("accumulates", False)  # comparisons, fills, updates add nothing up
+        self[name] = Primitive(name, family, **traits)
+        return self[name]

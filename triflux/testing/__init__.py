@@ -1,16 +1,15 @@
 """Test support: the :class:`Case` a strategy draws, shared hypothesis
 building blocks, and helpers that lay inputs out on a device.
 
-Per family, ``triflux.testing.<family>`` holds ``<name>_strategy(dtype)`` and
-``<name>_torch(*tensors, **attrs)`` (the oracle) for each registered primitive.
-hypothesis is imported only by those modules, when the tests run.
+Per family, ``triflux.testing.<family>`` holds ``<name>_strategy(dtype)``,
+``<name>_torch(*tensors, **attrs)`` (the oracle) and, where a tolerance floor
+needs code, ``<name>_magnitude(...)`` for each registered primitive (see
+``triflux.registry``). hypothesis is imported only by those modules, when the
+tests run.
 """
 from dataclasses import dataclass, field
 
 import numpy as np
-
-#: sizes that are not multiples of any block size, plus the edge cases 0 and 1
-AWKWARD_SIDES = (0, 1, 2, 3, 5, 7, 13, 17, 31, 33, 65)
 
 
 @dataclass
@@ -39,7 +38,6 @@ class Case:
 
 def shapes(min_dims=0, max_dims=4, min_side=0, max_side=17):
     """Shapes with awkward sides (0, 1, primes), small enough for the interpreter."""
-    from hypothesis import strategies as st
     from hypothesis.extra import numpy as hnp
     return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims,
                             min_side=min_side, max_side=max_side)
@@ -126,3 +124,11 @@ def to_numpy(t):
     if t.dtype == torch.bfloat16:
         return t.contiguous().view(torch.int16).numpy().view(from_torch(torch.bfloat16)).copy()
     return t.numpy().copy()
+
+
+def finite_max(a):
+    """max |a| over the finite entries of ``a`` (0.0 when there are none), the
+    size a ``<name>_magnitude`` floor is made of."""
+    a = np.abs(np.asarray(a, dtype=np.float64))
+    a = a[np.isfinite(a)]
+    return float(a.max()) if a.size else 0.0

@@ -15,7 +15,11 @@ output_padding=op)`` (checked in tests/test_conv_family.py).
 ``conv2d_bias_act`` is that conv2d oracle plus the bias and torch's
 relu/sigmoid/tanh (autograd's backward of which also reads the output).
 """
-from . import Case, floats, layouts_for
+import numpy as np
+
+from ..reference.conv import conv2d_backward
+from ..specs.conv import FUSABLE_ACTIVATIONS
+from . import Case, finite_max, floats, layouts_for
 from .elementwise import nonfinite_draw, with_nonfinite
 
 
@@ -104,11 +108,8 @@ def conv_transpose2d_torch(x, w, stride=(1, 1), padding=(0, 0, 0, 0), output_pad
     return F.pad(y, (-pl, ow - pr, -pt, oh - pb))
 
 
-_ACTIVATIONS = ("identity", "relu", "sigmoid", "tanh")
-
-
 def conv2d_bias_act_strategy(dtype):
-    """conv2d's cases, a bias of O entries and one of the four activations;
+    """conv2d's cases, a bias of O entries and one of the fusable activations;
     smaller (sides <= 7, no groups beyond 2) to keep the interpreter fast. In
     about three draws in four some entries of x and of the bias are NaN, +inf
     and -inf, with relu (whose NaN branch a GPU's max or a comparison can get
@@ -119,7 +120,8 @@ def conv2d_bias_act_strategy(dtype):
     def case(draw):
         x, w, attrs = _conv2d_problem(draw, st, max_side=7, w_range=1.0)
         nonfinite = nonfinite_draw(draw, out_of=4)
-        activations = ("relu",) * 3 + tuple(a for a in _ACTIVATIONS if a != "relu") if nonfinite else _ACTIVATIONS
+        activations = (("relu",) * 3 + tuple(a for a in FUSABLE_ACTIVATIONS if a != "relu") if nonfinite
+                       else FUSABLE_ACTIVATIONS)
         attrs["activation"] = draw(st.sampled_from(activations))
         b = draw(floats((w.shape[0],), -1.0, 1.0))
         if nonfinite:   # NaN/inf outputs, and whole output channels of them
@@ -139,3 +141,34 @@ def conv2d_bias_act_torch(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation
     z = z + b.reshape(1, -1, 1, 1)
     return {"identity": lambda t: t, "relu": torch.relu, "sigmoid": torch.sigmoid,
             "tanh": torch.tanh}[activation](z)
+
+
+#: |act'(y)| + |d act'/dy| |y| in terms of the output y = act(z): the size of
+#: the terms of act'(y) when y carries a rounding error of u |y|
+_ACTIVATION_SENSITIVITY = {
+    "identity": lambda y: np.ones_like(y),
+    "relu": lambda y: (y > 0).astype(np.float64),
+    "sigmoid": lambda y: y * np.abs(1 - y) + np.abs(1 - 2 * y) * y,
+    "tanh": lambda y: np.abs(1 - y * y) + 2 * y * y,
+}
+
+
+def conv2d_bias_act_magnitude(direction, *, inputs, attrs, out=None, grad=None, reference=None):
+    """Forward: a sum of products (the conv) through a monotone activation,
+    bounded by the same computation on |x|, |w|, |b|.
+    Backward: it reads the output y rounded to the dtype, and act'(y) moves
+    by |d act'/dy| u |y| (sigmoid: |1 - 2y|, tanh: 2|y|), so gz = G act'(y)
+    carries terms of size |G| (|act'(y)| + |d act'/dy| |y|); dx, dw and db
+    then sum those like conv2d's backward (on |x|, |w|)."""
+    x, w, b = (np.abs(np.asarray(a, dtype=np.float64)) for a in inputs)
+    if direction == "forward":
+        return finite_max(reference(x, w, b, **attrs))
+    activation = attrs["activation"]
+    if activation not in _ACTIVATION_SENSITIVITY:
+        raise LookupError(f"conv2d_bias_act_magnitude: no sensitivity for the activation {activation!r}; "
+                       "add it to _ACTIVATION_SENSITIVITY in triflux/testing/conv.py")
+    y = np.abs(np.asarray(out, dtype=np.float64))
+    gz = np.abs(np.asarray(grad, dtype=np.float64)) * _ACTIVATION_SENSITIVITY[activation](y)
+    conv_attrs = {k: v for k, v in attrs.items() if k != "activation"}
+    dx, dw = conv2d_backward(gz, gz, x, w, **conv_attrs)
+    return (finite_max(dx), finite_max(dw), finite_max(gz.sum(axis=(0, 2, 3))))

@@ -19,6 +19,7 @@ by ``tests/test_elementwise_family.py``.
 """
 import numpy as np
 
+from .. import dtypes
 from . import Case, layouts_for, shapes
 
 #: the large |x| at which a naive sigmoid/tanh/softplus overflows
@@ -208,7 +209,6 @@ def cast_strategy(dtype):
     narrower type is piecewise constant, which a finite difference cannot
     check; the kernel tests of the other dtypes draw every floating target."""
     from hypothesis import strategies as st
-    from .. import dtypes
     if np.dtype(dtypes.as_dtype(dtype)) == np.float64:
         targets = st.just(np.dtype(np.float64))
     else:
@@ -439,8 +439,7 @@ def elu_torch(x, alpha=1.0):
 
 
 def cast_torch(x, dtype):
-    from ..dtypes import to_torch
-    return x.to(to_torch(dtype))
+    return x.to(dtypes.to_torch(dtype))
 
 
 def add_torch(a, b):

@@ -9,7 +9,8 @@ a few entries of ``x`` and of ``g`` are NaN, +inf and -inf (a diverged step):
 the update must give torch's NaN and infinities, not clamp them away.
 
 The oracles ``<name>_torch(*tensors, **attrs)`` return a tuple with the NEW
-values of the mutated inputs (``x`` and then the states, in input order),
+values of the mutated inputs (``mutates`` in the rule's declaration: ``x``
+and then the states, in input order),
 computed with plain torch arithmetic on whatever dtype they are given; the
 inputs themselves are left untouched.
 """
@@ -115,14 +116,3 @@ def adamw_update_torch(x, g, m, v, *, eta, beta1, beta2, epsilon, lambd, step):
 def rmsprop_update_torch(x, g, s, *, eta, rho, epsilon):
     s = rho * s + (1 - rho) * g * g
     return (x - eta * g / (s.sqrt() + epsilon), s)
-
-
-#: per rule, the indices of the inputs it mutates (x and its states)
-MUTATED = {
-    "descent_update": (0,),
-    "momentum_update": (0, 2),
-    "nesterov_update": (0, 2),
-    "adam_update": (0, 2, 3),
-    "adamw_update": (0, 2, 3),
-    "rmsprop_update": (0, 2),
-}

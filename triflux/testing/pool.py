@@ -49,8 +49,8 @@ BATCH = (1, 2, 0, 1, 2)
 
 def _spatial_x(draw, st, shape, windows, nonfinite_values):
     """(x, note) for ``shape``: floats, maybe with NaN/inf mixed in. For max
-    pools (``windows``: the (rows, cols) AxisMaps) also tied values, and
-    windows holding two NaN."""
+    pools (``windows``: the spec's (rows, cols) PoolAxis) also tied values,
+    and windows holding two NaN."""
     import numpy as np
     from hypothesis.extra import numpy as hnp
     tied = windows is not None and draw(st.booleans())
@@ -70,9 +70,9 @@ def _spatial_x(draw, st, shape, windows, nonfinite_values):
 def _two_nan(draw, st, x, rows, cols):
     """NaN at the first and the last input pixel (row-major) of a random
     window, in every image of ``x`` (when the window reads two pixels)."""
-    i, j = draw(st.integers(0, rows.m - 1)), draw(st.integers(0, cols.m - 1))
-    r = rows.index[i][rows.valid[i]]
-    c = cols.index[j][cols.valid[j]]
+    i, j = draw(st.integers(0, rows.out - 1)), draw(st.integers(0, cols.out - 1))
+    r = rows.index[i][rows.real[i]]
+    c = cols.index[j][cols.real[j]]
     if r.size * c.size < 2:
         return ""
     x[:, :, r[0], c[0]] = x[:, :, r[-1], c[-1]] = float("nan")
@@ -81,7 +81,7 @@ def _two_nan(draw, st, x, rows, cols):
 
 def _torch_out(n, k, s, lo, hi, d, ceil_mode):
     """torch's output size along an axis (pooling_output_shape, written out
-    here so that the strategy does not lean on the reference's geometry), and
+    here so that the strategy does not lean on the spec's geometry), and
     whether its ceil-mode rule dropped a last window starting in the padding."""
     span = n + lo + hi - (d * (k - 1) + 1)
     out = (-(-span // s) if ceil_mode else span // s) + 1
@@ -110,7 +110,7 @@ def _side(draw, st, k, s, lo, hi, d, ceil_mode):
 
 
 def _pool_case(draw, st, is_max):
-    from ..reference.pool import pool_geometry
+    from ..specs.pool import pool2d_spec
     if not is_max and draw(st.integers(0, 3)) == 0:
         return _long_mean_case(draw, st)
     kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
@@ -130,8 +130,9 @@ def _pool_case(draw, st, is_max):
     h = _side(draw, st, kh, sh, pad[0], pad[1], dh, ceil_mode)
     w = _side(draw, st, kw, sw, pad[2], pad[3], dw, ceil_mode)
     values = NONFINITE if symmetric else tuple(v for v in NONFINITE if v != -float("inf"))
-    geo = pool_geometry((n, c, h, w), (kh, kw), (sh, sw), pad, (dh, dw), ceil_mode)
-    windows = (geo.rows.windows, geo.cols.windows) if is_max else None
+    spec = pool2d_spec("maxpool2d" if is_max else "meanpool2d", (n, c, h, w), "float64", (kh, kw), (sh, sw), pad,
+                       (dh, dw), ceil_mode)
+    windows = (spec.rows, spec.cols) if is_max else None
     x, note = _spatial_x(draw, st, (n, c, h, w), windows, values)
     attrs = {"window": (kh, kw), "stride": (sh, sw), "padding": pad, "ceil_mode": ceil_mode}
     if is_max:
@@ -157,7 +158,7 @@ def _long_mean_case(draw, st):
 
 
 def _adaptive_case(draw, st, is_max):
-    from ..reference.pool import adaptive_geometry
+    from ..specs.pool import adaptive_pool2d_spec
     n, c = draw(st.sampled_from(BATCH)), draw(st.integers(1, 3))
     long = not is_max and draw(st.integers(0, 3)) == 0        # means of rows of 96-128 positive values
     h, w = (draw(st.integers(2, 4)), draw(st.integers(96, 128))) if long else \
@@ -167,8 +168,11 @@ def _adaptive_case(draw, st, is_max):
         x = draw(floats((n, c, h, w), 0.25, 0.35))
         return Case(inputs=(x,), attrs={"size": size}, layouts=draw(layouts_for(1)),
                     note=f"{x.shape} -> {size} long windows")
-    x, note = _spatial_x(draw, st, (n, c, h, w), adaptive_geometry((n, c, h, w), size) if is_max else None,
-                         NONFINITE)
+    windows = None
+    if is_max:
+        spec = adaptive_pool2d_spec("adaptive_maxpool2d", (n, c, h, w), "float64", size)
+        windows = (spec.rows, spec.cols)
+    x, note = _spatial_x(draw, st, (n, c, h, w), windows, NONFINITE)
     return Case(inputs=(x,), attrs={"size": size}, layouts=draw(layouts_for(1)),
                 note=f"{x.shape} -> {size}" + note)
 
@@ -206,7 +210,7 @@ def _torch_padding(window, padding):
 
 
 def _out_size(x, window, stride, padding, dilation, ceil_mode):
-    """torch's output size for the unpadded input (the oracle does not lean on the reference's geometry)."""
+    """torch's output size for the unpadded input (the oracle does not lean on the spec's geometry)."""
     return tuple(_torch_out(int(x.shape[2 + a]), window[a], stride[a], padding[2 * a], padding[2 * a + 1],
                             dilation[a], ceil_mode)[0] for a in range(2))
 

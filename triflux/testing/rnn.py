@@ -8,8 +8,7 @@ with torch tensor operations (a loop over time), so they run in any dtype
 and on empty inputs, where ``torch.nn.RNN`` would refuse.
 """
 from . import Case, floats, layouts_for
-
-GATES = {"rnn_sequence": 1, "lstm_sequence": 4, "gru_sequence": 3}
+from ..specs.rnn import GATES
 
 
 def _case(st, draw, name):

@@ -3,6 +3,8 @@ import math
 
 from hypothesis import strategies as st
 
+from triflux.reference.shape import normalise_index
+
 from . import Case, floats, layouts_for, shapes
 
 
@@ -118,8 +120,6 @@ def getitem_torch(x, *, index):
     """``x[index]`` built one axis at a time from differentiable torch ops
     (torch has no negative steps, so those become ``index_select``)."""
     import torch
-
-    from triflux.reference.shape import normalise_index
     t, axis = x, 0
     for item in normalise_index(index, tuple(x.shape)):
         if item[0] == "new":

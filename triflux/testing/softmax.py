@@ -9,7 +9,12 @@ are NaN, +inf and -inf, and in half of those one row is all -inf (a fully
 masked row): torch's results there are NaN (softmax, logsoftmax) and -inf or
 +inf (logsumexp), and a GPU's row maximum must not drop a NaN.
 """
-from . import Case, layouts_for, shapes
+import math
+
+import numpy as np
+
+from ..specs.softmax import softmax_spec
+from . import Case, finite_max, layouts_for, shapes
 from .elementwise import nonfinite_draw, with_nonfinite
 
 #: the extreme logit a naive exp(x) / sum(exp(x)) overflows on
@@ -86,3 +91,38 @@ def logsoftmax_torch(x, axis):
 def logsumexp_torch(x, axis, keepdims=False):
     import torch
     return torch.logsumexp(x, axis, keepdim=keepdims)
+
+
+# --- tolerance floors: the sums that cancel ------------------------------------------------
+
+def softmax_magnitude(direction, *, inputs, attrs, out=None, grad=None, reference=None):
+    """Backward: dx = y * (g - sum_j g_j y_j) cancels to zero for a constant g;
+    its terms have size y * (|g| + sum_j |g_j| y_j)."""
+    if direction != "backward":
+        return None
+    x = np.asarray(inputs[0])
+    axis = softmax_spec("softmax", x.shape, x.dtype, attrs["axis"]).axis
+    y, g = np.abs(out), np.abs(grad)
+    return (finite_max(y * (g + (g * y).sum(axis=axis, keepdims=True))),)
+
+
+def logsoftmax_magnitude(direction, *, inputs, attrs, out=None, grad=None, reference=None):
+    """Forward: y = x - m - log(sum exp(x - m)) has absolute error ~ u (|x - m| + log K).
+    Backward: dx = g - exp(y) * sum_j g_j cancels likewise; its terms are
+    |g| + exp(y) sum_j |g_j|."""
+    x = np.asarray(inputs[0], dtype=np.float64)
+    spec = softmax_spec("logsoftmax", x.shape, x.dtype, attrs["axis"])
+    if direction == "forward":
+        return 2 * finite_max(x) + math.log(max(spec.row_length, 1))
+    g = np.abs(grad)
+    return (finite_max(g + np.exp(out) * g.sum(axis=spec.axis, keepdims=True)),)
+
+
+def logsumexp_magnitude(direction, *, inputs, attrs, out=None, grad=None, reference=None):
+    """Forward: y = m + log(sum exp(x - m)) cancels when m ~ -log(sum ...); the
+    terms are |m| and log K at most."""
+    if direction != "forward":
+        return None
+    x = np.asarray(inputs[0], dtype=np.float64)
+    spec = softmax_spec("logsumexp", x.shape, x.dtype, attrs["axis"])
+    return finite_max(x) + math.log(max(spec.row_length, 1))

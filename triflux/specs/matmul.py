@@ -1,0 +1,81 @@
+"""The matmul spec: NumPy's ``a @ b`` for two operand shapes.
+
+Vectors are promoted to matrices, ``a`` (K,) to a row (1, K) and ``b`` (K,)
+to a column (K, 1); the batch axes (all but the last two) broadcast; the
+promoted axes are dropped from the result again:
+
+    (K,) @ (K,) -> ()          (M, K) @ (K,) -> (M,)         (K,) @ (K, N) -> (N,)
+    (2, 1, M, K) @ (4, K, N) -> (2, 4, M, N)
+"""
+import functools
+from dataclasses import dataclass
+
+from ..dtypes import as_dtype, compute_dtype
+from ..errors import DTypeError, ShapeError
+
+
+@dataclass(frozen=True)
+class MatmulSpec:
+    """The geometry of ``a @ b`` (see the module docstring)."""
+    dtype: object            #: the operands' (common) NumPy dtype
+    compute_dtype: object    #: the dtype products and sums run in
+    a_matrix: tuple          #: ``a``'s shape promoted to (..., M, K)
+    b_matrix: tuple          #: ``b``'s shape promoted to (..., K, N)
+    batch: tuple             #: the broadcast batch shape
+    m: int
+    k: int
+    n: int
+    out_shape: tuple         #: the result's shape (promoted axes dropped)
+
+    @property
+    def out_matrix(self):
+        """The result with the promoted axes kept: batch + (M, N)."""
+        return self.batch + (self.m, self.n)
+
+    @property
+    def batch_size(self):
+        """The number of matrix products (the batch shape's size)."""
+        size = 1
+        for s in self.batch:
+            size *= s
+        return size
+
+
+def _broadcast_batch(a_batch, b_batch):
+    """The broadcast of two batch shapes, or None where they do not broadcast."""
+    nd = max(len(a_batch), len(b_batch))
+    a_batch = (1,) * (nd - len(a_batch)) + tuple(a_batch)
+    b_batch = (1,) * (nd - len(b_batch)) + tuple(b_batch)
+    out = []
+    for x, y in zip(a_batch, b_batch):
+        if x != y and x != 1 and y != 1:
+            return None
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def matmul_spec(a_shape, b_shape, a_dtype, b_dtype):
+    """The spec of ``a @ b`` for operands of these shapes and dtypes (NumPy or
+    torch dtypes); raises ShapeError or DTypeError when they do not fit."""
+    a_shape, b_shape = tuple(int(s) for s in a_shape), tuple(int(s) for s in b_shape)
+    a_dtype, b_dtype = as_dtype(a_dtype), as_dtype(b_dtype)
+    if not a_shape or not b_shape:
+        raise ShapeError(f"`matmul` needs tensors of at least one dimension, got shapes "
+                         f"{a_shape} and {b_shape}; use `*` to scale by a scalar")
+    if a_dtype != b_dtype:
+        raise DTypeError(f"`matmul` of {a_dtype} and {b_dtype}: convert one of them "
+                         "first (e.g. `f32(x)`) so both have the same dtype")
+    a_matrix = (1,) + a_shape if len(a_shape) == 1 else a_shape
+    b_matrix = b_shape + (1,) if len(b_shape) == 1 else b_shape
+    (m, k), (k_b, n) = a_matrix[-2:], b_matrix[-2:]
+    if k != k_b:
+        raise ShapeError(f"`matmul` of shapes {a_shape} and {b_shape}: the inner sizes differ "
+                         f"({k} columns of the first, {k_b} rows of the second)")
+    batch = _broadcast_batch(a_shape[:-2], b_shape[:-2])
+    if batch is None:
+        raise ShapeError(f"`matmul` of shapes {a_shape} and {b_shape}: the batch axes "
+                         f"{a_shape[:-2]} and {b_shape[:-2]} do not broadcast")
+    out_shape = batch + ((m,) if len(a_shape) > 1 else ()) + ((n,) if len(b_shape) > 1 else ())
+    return MatmulSpec(dtype=a_dtype, compute_dtype=compute_dtype(a_dtype), a_matrix=a_matrix,
+                      b_matrix=b_matrix, batch=batch, m=m, k=k, n=n, out_shape=out_shape)
