@@ -16,7 +16,8 @@ import numpy as np
 from .fill import check_seed
 
 
-def _check_p(p):
+def check_p(p):
+    """``p`` as a float, checked to be a probability."""
     p = float(p)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability p must be in [0, 1], got {p}")
@@ -25,13 +26,13 @@ def _check_p(p):
 
 def dropout_mask(shape, p, seed):
     """m (float64 0/1 array of ``shape``): 1 where the element is kept."""
-    p = _check_p(p)
+    p = check_p(p)
     n = int(np.prod(shape, dtype=np.int64))
     u = np.random.default_rng(check_seed(seed)).random(n).reshape(shape)
     return (u >= p).astype(np.float64)
 
 
-def _scale(p):
+def keep_scale(p):
     """1 / (1 - p), and 0 for p = 1 (every element is dropped)."""
     return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
 
@@ -39,17 +40,17 @@ def _scale(p):
 def dropout_forward(x, p, seed):
     """y = x * m / (1 - p),   m ~ Bernoulli(1 - p) from ``seed``."""
     x = np.asarray(x)
-    p = _check_p(p)
+    p = check_p(p)
     keep = dropout_mask(x.shape, p, seed).astype(bool)
     with np.errstate(invalid="ignore"):
-        return (x * np.where(keep, x.dtype.type(_scale(p)), x.dtype.type(0))).astype(x.dtype)
+        return (x * np.where(keep, x.dtype.type(keep_scale(p)), x.dtype.type(0))).astype(x.dtype)
 
 
 def dropout_backward(grad, out, x, p, seed):
     """dx = g * m / (1 - p), the mask m redrawn from ``seed``."""
     x = np.asarray(x)
-    p = _check_p(p)
+    p = check_p(p)
     g = np.asarray(grad, dtype=x.dtype)
     keep = dropout_mask(x.shape, p, seed).astype(bool)
     with np.errstate(invalid="ignore"):
-        return ((g * np.where(keep, x.dtype.type(_scale(p)), x.dtype.type(0))).astype(x.dtype),)
+        return ((g * np.where(keep, x.dtype.type(keep_scale(p)), x.dtype.type(0))).astype(x.dtype),)

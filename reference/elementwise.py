@@ -21,7 +21,9 @@ import math
 
 import numpy as np
 
-from ._util import compute_dtype, unbroadcast
+from triflux.dtypes import compute_dtype
+
+from ._util import unbroadcast
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_K = 0.044715
@@ -294,10 +296,6 @@ def cast_backward(grad, out, x, dtype):
 
 
 # --- binary (NumPy broadcasting) -------------------------------------------------------------
-
-def _out_shape(*arrays):
-    return np.broadcast_shapes(*[np.shape(a) for a in arrays])
-
 
 @quiet
 def add_forward(a, b):

@@ -12,27 +12,8 @@ import math
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..specs.matmul import matmul_spec
 from ._util import in_compute_dtype, unbroadcast
-
-
-def _check(a, b):
-    if a.ndim == 0 or b.ndim == 0:
-        raise ShapeError(f"matmul needs arrays of at least one dimension, got shapes "
-                         f"{a.shape} and {b.shape}; use `*` to scale by a scalar")
-    if a.dtype != b.dtype:
-        raise DTypeError(f"matmul of {a.dtype} and {b.dtype}: convert one of them "
-                         "first (e.g. `f32(x)`) so both have the same dtype")
-    k_a = a.shape[-1]
-    k_b = b.shape[-2] if b.ndim >= 2 else b.shape[0]
-    if k_a != k_b:
-        raise ShapeError(f"matmul of shapes {a.shape} and {b.shape}: the inner sizes "
-                         f"differ ({k_a} != {k_b})")
-    try:
-        np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    except ValueError:
-        raise ShapeError(f"matmul of shapes {a.shape} and {b.shape}: the batch axes "
-                         f"{a.shape[:-2]} and {b.shape[:-2]} do not broadcast") from None
 
 
 def matmul_forward(a, b):
@@ -40,10 +21,11 @@ def matmul_forward(a, b):
 
     For matrices, ``C[i, j] = sum_k A[i, k] * B[k, j]``; vectors are promoted
     to a row (left operand) or a column (right operand) and batch axes
-    broadcast, as in ``numpy.matmul``. The result has the inputs' dtype;
-    float16/bfloat16 products are summed in float32 and rounded once.
+    broadcast, as in ``numpy.matmul`` (``triflux.specs.matmul``). The result
+    has the inputs' dtype; float16/bfloat16 products are summed in float32
+    and rounded once.
     """
-    _check(a, b)
+    matmul_spec(a.shape, b.shape, a.dtype, b.dtype)
     ac, bc = in_compute_dtype(a, b)
     return np.asarray(np.matmul(ac, bc)).astype(a.dtype, copy=False)
 
@@ -100,13 +82,10 @@ def matmul_backward(grad, out, a, b, needs=(True, True)):
     for float16/bfloat16 and are rounded once.
     ``needs`` says which of (dA, dB) to compute; the other is ``None``.
     """
-    a2 = a[None, :] if a.ndim == 1 else a            # (..., M, K)
-    b2 = b[:, None] if b.ndim == 1 else b            # (..., K, N)
-    g2 = np.asarray(grad)
-    if a.ndim == 1:                                  # put back the M axis
-        g2 = np.expand_dims(g2, g2.ndim - (0 if b.ndim == 1 else 1))
-    if b.ndim == 1:                                  # put back the N axis
-        g2 = g2[..., None]
+    spec = matmul_spec(a.shape, b.shape, a.dtype, b.dtype)
+    a2 = a.reshape(spec.a_matrix)                    # (..., M, K)
+    b2 = b.reshape(spec.b_matrix)                    # (..., K, N)
+    g2 = np.asarray(grad).reshape(spec.out_matrix)   # the promoted axes put back
     ac, bc, gc = in_compute_dtype(a2, b2, g2)
     da = db = None
     if needs[0]:

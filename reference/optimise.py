@@ -24,12 +24,7 @@ import contextlib
 
 import numpy as np
 
-from ._util import compute_dtype
-
-
-def _compute_type(a):
-    """The type arithmetic happens in: float64 and float32 stay, 16-bit floats become float32."""
-    return compute_dtype(a.dtype)
+from triflux.dtypes import compute_dtype
 
 
 @contextlib.contextmanager
@@ -37,7 +32,7 @@ def _in_compute_type(*arrays):
     """The arrays as the compute type, to be updated in place. Arrays already
     of that type are used as they are (no copy); float16/bfloat16 arrays get
     float32 copies, rounded back into the originals on exit."""
-    work = [a if a.dtype == _compute_type(a) else a.astype(_compute_type(a)) for a in arrays]
+    work = [a if a.dtype == compute_dtype(a.dtype) else a.astype(compute_dtype(a.dtype)) for a in arrays]
     yield work
     for a, w in zip(arrays, work):
         if w is not a:
@@ -113,7 +108,8 @@ def _adam_direction(mc, vc, beta1, beta2, epsilon, step, out, eta=1.0):
     return out
 
 
-def _check_step(step):
+def check_step(step):
+    """``step``, the 1-based count of updates, as an int (checked)."""
     if int(step) != step or step < 1:
         raise ValueError(f"step is the 1-based count of updates, got {step!r}")
     return int(step)
@@ -129,7 +125,7 @@ def adam_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, step):
     The same as ``torch.optim.Adam`` (whose epsilon is also added after the
     square root of the bias-corrected ``v``).
     """
-    step = _check_step(step)
+    step = check_step(step)
     with _in_compute_type(x, g, m, v) as (xc, gc, mc, vc):
         d = np.empty_like(gc)      # one scratch buffer: large temporaries cost page faults
         _adam_moments(gc, mc, vc, beta1, beta2, d)
@@ -150,7 +146,7 @@ def adamw_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, lambd, step)
     first). Optimisers.jl's default ``lambd`` is 0 (torch's is 0.01).
     Optimisers.jl before v0.4 decoupled it: ``x <- x - eta*d - lambd*x``.
     """
-    step = _check_step(step)
+    step = check_step(step)
     with _in_compute_type(x, g, m, v) as (xc, gc, mc, vc):
         T = xc.dtype.type
         d = np.empty_like(gc)

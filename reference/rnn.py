@@ -1,7 +1,7 @@
 """Recurrent family, NumPy reference: whole sequences through an RNN, LSTM or
 GRU cell, with full backpropagation through time (BPTT).
 
-Shapes (batch first): ``x`` (N, L, I), initial state ``h0`` (and ``c0``)
+Shapes (batch first; ``triflux.specs.rnn`` checks them): ``x`` (N, L, I), initial state ``h0`` (and ``c0``)
 (N, H); weights in PyTorch's layout and gate order: ``w_ih`` (G*H, I),
 ``w_hh`` (G*H, H), ``b_ih``, ``b_hh`` (G*H,), with G = 1 (RNN), 4 (LSTM:
 gates i, f, g, o) or 3 (GRU: gates r, z, n). For a gate ``k`` the rows
@@ -26,8 +26,7 @@ once at the end; float32 and float64 stay as they are.
 """
 import numpy as np
 
-from ..dtypes import is_floating
-from ..errors import DTypeError, ShapeError
+from ..specs.rnn import recurrent_spec
 from ._util import in_compute_dtype
 
 
@@ -35,32 +34,10 @@ def _sigmoid(v):
     return 1.0 / (1.0 + np.exp(-v))
 
 
-def _check(name, gates, x, h0, w_ih, w_hh, b_ih, b_hh, c0=None):
-    arrays = (x, h0, w_ih, w_hh, b_ih, b_hh) + (() if c0 is None else (c0,))
-    dts = {np.asarray(a).dtype for a in arrays}
-    if len(dts) != 1 or not is_floating(next(iter(dts))):
-        raise DTypeError(f"{name}: every input must have one floating dtype, got "
-                         f"{', '.join(sorted(str(d) for d in dts))}; convert with `f32(...)` first")
-    if np.ndim(x) != 3:
-        raise ShapeError(f"{name}: x must have shape (N, L, in), got {np.shape(x)}")
-    n, _, i = np.shape(x)
-    if np.ndim(w_hh) != 2 or np.shape(w_hh)[0] % gates or np.shape(w_hh)[0] // gates != np.shape(w_hh)[1]:
-        raise ShapeError(f"{name}: w_hh must have shape ({gates}*H, H), got {np.shape(w_hh)}")
-    h = np.shape(w_hh)[1]
-    want = {"h0": (h0, (n, h)), "w_ih": (w_ih, (gates * h, i)), "b_ih": (b_ih, (gates * h,)),
-            "b_hh": (b_hh, (gates * h,))}
-    if c0 is not None:
-        want["c0"] = (c0, (n, h))
-    for k, (v, shape) in want.items():
-        if np.shape(v) != shape:
-            raise ShapeError(f"{name}: {k} must have shape {shape} for x of shape {np.shape(x)} "
-                             f"and hidden size {h}, got {np.shape(v)}")
-    return h
-
-
-def _activation(activation):
-    if activation not in ("tanh", "relu"):
-        raise ValueError(f"rnn_sequence: activation must be 'tanh' or 'relu', got {activation!r}")
+def _spec(primitive, inputs, activation=None):
+    """The recurrent spec of ``inputs`` (in the primitive's order); validates them."""
+    return recurrent_spec(primitive, tuple(np.shape(a) for a in inputs),
+                          tuple(np.asarray(a).dtype for a in inputs), activation)
 
 
 # --- RNN --------------------------------------------------------------------------------
@@ -72,41 +49,40 @@ def rnn_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
 
     act = tanh or relu. Returns y (N, L, H) with y[:, t] = h_t.
     """
-    _activation(activation)
-    _check("rnn_sequence", 1, x, h0, w_ih, w_hh, b_ih, b_hh)
-    dtype = np.asarray(x).dtype
+    spec = _spec("rnn_sequence", (x, h0, w_ih, w_hh, b_ih, b_hh), activation)
     x, h, w_ih, w_hh, b_ih, b_hh = in_compute_dtype(x, h0, w_ih, w_hh, b_ih, b_hh)
-    n, length, _ = x.shape
-    y = np.zeros((n, length, h.shape[1]), dtype=x.dtype)
+    y = np.zeros(spec.out_shape, dtype=spec.compute_dtype)
     xa = _project(x, w_ih, b_ih + b_hh)          # the input side of every step at once
-    for t in range(length):
+    for t in range(spec.length):
         a = xa[:, t] + h @ w_hh.T
         h = np.tanh(a) if activation == "tanh" else np.maximum(a, 0)
         y[:, t] = h
-    return y.astype(dtype)
+    return y.astype(spec.dtype)
 
 
 def rnn_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
     """BPTT with G = dL/dy. For t = L-1 ... 0, with dh = G_t + (carry from t+1):
 
-        dA_t = dh * act'(A_t)     (tanh: 1 - h_t^2, read from ``out``; relu: [h_t > 0])
+        dA_t = dh * act'(A_t)     (tanh: 1 - tanh(A_t)^2; relu: [A_t > 0])
         dh_{t-1} = dA_t @ w_hh    (the carry; dh0 = dA_0 @ w_hh)
 
     and the sums over t in the module docstring for dx, dW_ih, dW_hh, db_ih, db_hh.
+    The pre-activations A_t = x_t @ w_ih^T + h_{t-1} @ w_hh^T + b_ih + b_hh are
+    recomputed from the stored states, as the kernels do: 1 - h_t^2 from an
+    output rounded to 16 bits loses its digits where tanh saturates.
     """
-    _check("rnn_sequence", 1, x, h0, w_ih, w_hh, b_ih, b_hh)
-    dtype = np.asarray(x).dtype
+    spec = _spec("rnn_sequence", (x, h0, w_ih, w_hh, b_ih, b_hh), activation)
     grad, out, x, h0, w_ih, w_hh, b_ih, b_hh = in_compute_dtype(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh)
-    n, length, _ = x.shape
-    hprev = np.concatenate([h0[:, None], out[:, :-1]], axis=1) if length else out
+    hprev = np.concatenate([h0[:, None], out[:, :-1]], axis=1) if spec.length else out
+    pre = _project(x, w_ih, b_ih + b_hh) + _project(hprev, w_hh, 0)
+    d_act = 1 - np.tanh(pre) ** 2 if activation == "tanh" else (pre > 0).astype(pre.dtype)
     da = np.zeros_like(out)
     dh = np.zeros_like(h0)
-    for t in reversed(range(length)):
+    for t in reversed(range(spec.length)):
         dh = dh + grad[:, t]
-        d_act = 1 - out[:, t] ** 2 if activation == "tanh" else (out[:, t] > 0).astype(out.dtype)
-        da[:, t] = dh * d_act
+        da[:, t] = dh * d_act[:, t]
         dh = da[:, t] @ w_hh
-    return _sums(dtype, da, da, x, hprev, w_ih, dh)
+    return _sums(spec.dtype, da, da, x, hprev, w_ih, dh)
 
 
 def _project(x, w, b):
@@ -141,19 +117,18 @@ def lstm_sequence_forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
 
     Returns (N, L, 2H): y[:, t] = [h_t, c_t].
     """
-    hs = _check("lstm_sequence", 4, x, h0, w_ih, w_hh, b_ih, b_hh, c0=c0)
-    dtype = np.asarray(x).dtype
+    spec = _spec("lstm_sequence", (x, h0, c0, w_ih, w_hh, b_ih, b_hh))
+    hs = spec.hidden_size
     x, h, c, w_ih, w_hh, b_ih, b_hh = in_compute_dtype(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
-    n, length, _ = x.shape
-    y = np.zeros((n, length, 2 * hs), dtype=x.dtype)
+    y = np.zeros(spec.out_shape, dtype=spec.compute_dtype)
     xa = _project(x, w_ih, b_ih + b_hh)          # the input side of every step at once
-    for t in range(length):
+    for t in range(spec.length):
         i, f, g, o = _lstm_gates(xa[:, t] + h @ w_hh.T, hs)
         c = f * c + i * g
         h = o * np.tanh(c)
         y[:, t, :hs] = h
         y[:, t, hs:] = c
-    return y.astype(dtype)
+    return y.astype(spec.dtype)
 
 
 def _lstm_gates(a, hs):
@@ -174,11 +149,9 @@ def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     dh0 = dA_0 @ w_hh, dc0 = dc_0 * f_0; weights and biases as in the module
     docstring (the same dA for the input and hidden sides).
     """
-    _check("lstm_sequence", 4, x, h0, w_ih, w_hh, b_ih, b_hh, c0=c0)
-    dtype = np.asarray(x).dtype
+    spec = _spec("lstm_sequence", (x, h0, c0, w_ih, w_hh, b_ih, b_hh))
     grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh = in_compute_dtype(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh)
-    n, length, _ = x.shape
-    hs = h0.shape[1]
+    n, length, hs = spec.batch, spec.length, spec.hidden_size
     hseq, cseq = out[:, :, :hs], out[:, :, hs:]
     hprev = np.concatenate([h0[:, None], hseq[:, :-1]], axis=1) if length else hseq
     cprev = np.concatenate([c0[:, None], cseq[:, :-1]], axis=1) if length else cseq
@@ -198,7 +171,7 @@ def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
         da[:, t, 3 * hs:] = dh * tc * o * (1 - o)
         dh_next = da[:, t] @ w_hh
         dc_next = dc * f
-    return _sums(dtype, da, da, x, hprev, w_ih, dh_next, dc_next)
+    return _sums(spec.dtype, da, da, x, hprev, w_ih, dh_next, dc_next)
 
 
 # --- GRU --------------------------------------------------------------------------------
@@ -213,17 +186,16 @@ def gru_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh):
 
     Returns y (N, L, H) with y[:, t] = h_t.
     """
-    hs = _check("gru_sequence", 3, x, h0, w_ih, w_hh, b_ih, b_hh)
-    dtype = np.asarray(x).dtype
+    spec = _spec("gru_sequence", (x, h0, w_ih, w_hh, b_ih, b_hh))
+    hs = spec.hidden_size
     x, h, w_ih, w_hh, b_ih, b_hh = in_compute_dtype(x, h0, w_ih, w_hh, b_ih, b_hh)
-    n, length, _ = x.shape
-    y = np.zeros((n, length, hs), dtype=x.dtype)
+    y = np.zeros(spec.out_shape, dtype=spec.compute_dtype)
     xa = _project(x, w_ih, b_ih)                 # the input side of every step at once
-    for t in range(length):
+    for t in range(spec.length):
         r, z, nn, _ = _gru_gates(xa[:, t], h @ w_hh.T + b_hh, hs)
         h = (1 - z) * nn + z * h
         y[:, t] = h
-    return y.astype(dtype)
+    return y.astype(spec.dtype)
 
 
 def _gru_gates(ai, ah, hs):
@@ -247,11 +219,9 @@ def gru_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh):
 
     dh0 = dAh_0 @ w_hh + dh_0 * z_0.
     """
-    _check("gru_sequence", 3, x, h0, w_ih, w_hh, b_ih, b_hh)
-    dtype = np.asarray(x).dtype
+    spec = _spec("gru_sequence", (x, h0, w_ih, w_hh, b_ih, b_hh))
     grad, out, x, h0, w_ih, w_hh, b_ih, b_hh = in_compute_dtype(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh)
-    n, length, _ = x.shape
-    hs = h0.shape[1]
+    n, length, hs = spec.batch, spec.length, spec.hidden_size
     hprev = np.concatenate([h0[:, None], out[:, :-1]], axis=1) if length else out
     dai = np.zeros((n, length, 3 * hs), dtype=x.dtype)
     dah = np.zeros_like(dai)
@@ -267,4 +237,4 @@ def gru_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh):
         dai[:, t] = np.concatenate([dr_pre, dz_pre, dn_pre], axis=1)
         dah[:, t] = np.concatenate([dr_pre, dz_pre, dn_pre * r], axis=1)
         carry = dah[:, t] @ w_hh + dh * z
-    return _sums(dtype, dai, dah, x, hprev, w_ih, carry)
+    return _sums(spec.dtype, dai, dah, x, hprev, w_ih, carry)

@@ -229,7 +229,9 @@ def getitem_backward(g, out, x, *, index):
 
 # --- concat --------------------------------------------------------------------------------
 
-def _concat_check(xs, axis):
+def check_concat(xs, axis):
+    """The axis (normalised) along which the arrays ``xs`` concatenate,
+    checked: at least one array, not zero-dimensional, every other side equal."""
     if not xs:
         raise ShapeError("concat needs at least one array")
     ndim = xs[0].ndim
@@ -252,14 +254,14 @@ def concat_forward(*xs, axis):
     Backward: ``dx_k = g[..., offset_k : offset_k + x_k.shape[axis], ...]``
     (the slab of ``g`` each input filled).
     """
-    axis = _concat_check(xs, axis)
+    axis = check_concat(xs, axis)
     return np.concatenate(xs, axis=axis)
 
 
 def concat_backward(g, out, *xs, axis):
     """``dx_k = g[..., offset_k : offset_k + x_k.shape[axis], ...]``: each input
     gets the slab of ``g`` it filled."""
-    axis = _concat_check(xs, axis)
+    axis = check_concat(xs, axis)
     grads, start = [], 0
     for x in xs:
         size = x.shape[axis]

@@ -11,22 +11,8 @@ row sums included), as the kernels do. A row holding ``+inf`` gives NaN from ``s
 """
 import numpy as np
 
-from ..errors import ShapeError
+from ..specs.softmax import softmax_spec
 from ._util import in_compute_dtype
-
-
-def _axis(x, axis):
-    if isinstance(axis, (tuple, list)):
-        if len(axis) != 1:
-            raise ShapeError(f"the softmax family works along one axis, got axis={axis}")
-        axis = axis[0]
-    axis = int(axis)
-    nd = x.ndim
-    if nd == 0:
-        raise ShapeError("the softmax family needs an array of at least one dimension")
-    if not -nd <= axis < nd:
-        raise ShapeError(f"axis {axis} is out of range for an array of shape {x.shape}")
-    return axis % nd
 
 
 def _row_max(x, axis, infinite_to_zero=False):
@@ -40,7 +26,7 @@ def _row_max(x, axis, infinite_to_zero=False):
 
 def softmax_forward(x, axis):
     """y_i = exp(x_i - m) / sum_j exp(x_j - m),   m = max_j x_j  (along ``axis``)."""
-    axis = _axis(x, axis)
+    axis = softmax_spec("softmax", x.shape, x.dtype, axis).axis
     if x.shape[axis] == 0:
         return x.copy()
     xc, = in_compute_dtype(x)
@@ -50,14 +36,14 @@ def softmax_forward(x, axis):
 
 def softmax_backward(grad, out, x, axis):
     """With y = softmax(x) and g = dL/dy:   dx = y * (g - sum_j g_j y_j)."""
-    axis = _axis(x, axis)
+    axis = softmax_spec("softmax", x.shape, x.dtype, axis).axis
     y, g = in_compute_dtype(out, grad)
     return ((y * (g - (g * y).sum(axis=axis, keepdims=True))).astype(x.dtype, copy=False),)
 
 
 def logsoftmax_forward(x, axis):
     """y_i = x_i - m - log(sum_j exp(x_j - m)),   m = max_j x_j."""
-    axis = _axis(x, axis)
+    axis = softmax_spec("logsoftmax", x.shape, x.dtype, axis).axis
     if x.shape[axis] == 0:
         return x.copy()
     xc, = in_compute_dtype(x)
@@ -67,29 +53,27 @@ def logsoftmax_forward(x, axis):
 
 def logsoftmax_backward(grad, out, x, axis):
     """With y = logsoftmax(x) and g = dL/dy:   dx = g - exp(y) * sum_j g_j."""
-    axis = _axis(x, axis)
+    axis = softmax_spec("logsoftmax", x.shape, x.dtype, axis).axis
     y, g = in_compute_dtype(out, grad)
     return ((g - np.exp(y) * g.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False),)
 
 
 def logsumexp_forward(x, axis, keepdims=False):
     """y = m + log(sum_j exp(x_j - m)),   m = max_j x_j  (an empty row gives -inf)."""
-    axis = _axis(x, axis)
-    if x.shape[axis] == 0:
-        shape = list(x.shape)
-        shape[axis] = 1
-        y = np.full(shape, -np.inf, dtype=x.dtype)
-    else:
-        xc, = in_compute_dtype(x)
-        m = _row_max(xc, axis, infinite_to_zero=True)
-        y = (m + np.log(np.exp(xc - m).sum(axis=axis, keepdims=True))).astype(x.dtype, copy=False)
-    return y if keepdims else np.squeeze(y, axis=axis)
+    spec = softmax_spec("logsumexp", x.shape, x.dtype, axis, keepdims)
+    axis = spec.axis
+    if spec.row_length == 0:
+        return np.full(spec.out_shape, -np.inf, dtype=x.dtype)
+    xc, = in_compute_dtype(x)
+    m = _row_max(xc, axis, infinite_to_zero=True)
+    y = (m + np.log(np.exp(xc - m).sum(axis=axis, keepdims=True))).astype(x.dtype, copy=False)
+    return y.reshape(spec.out_shape)
 
 
 def logsumexp_backward(grad, out, x, axis, keepdims=False):
     """With y = logsumexp(x) and g = dL/dy:   dx_i = g * exp(x_i - y)
     (g and y broadcast along ``axis``): the softmax of x, scaled by g."""
-    axis = _axis(x, axis)
+    axis = softmax_spec("logsumexp", x.shape, x.dtype, axis, keepdims).axis
     xc, g, y = in_compute_dtype(x, grad, out)
     if not keepdims:
         g, y = np.expand_dims(g, axis), np.expand_dims(y, axis)

@@ -11,13 +11,13 @@ primitives exactly as they launch on a GPU and reads the PTX: every float
 ``min``/``max`` must carry ``.NaN`` (``max.NaN.f32``; PTX has no such form for
 float64, where LLVM follows ``max.f64`` with ``setp.nan.f64`` on its operands
 and a select of NaN, which is accepted), or there must be none at all
-(explicit comparisons). The kernels use ``triton_kernels.common.maximum/
+(explicit comparisons). The kernels use ``triton_kernels.numerics.maximum/
 minimum/max_along`` for that.
 
 How it works. Each entry of :data:`NAN_SENSITIVE_LAUNCHES` calls a host
 function the way triflux does, on small CPU tensors; in a subprocess with the
 interpreter off (``@triton.jit`` then builds real kernels, and every tile and
-block size is the GPU's), ``common.launch`` is replaced by a recorder, and each
+block size is the GPU's), ``launch.launch`` is replaced by a recorder, and each
 Triton kernel launched is compiled with ``triton.compile(ASTSource(...),
 target=GPUTarget("cuda", 90, 32))``, its signature and constexprs taken from
 the recorded arguments. The subprocess runs once per session; compiling takes
@@ -187,7 +187,7 @@ def _worker():
     import torch
     import triton
 
-    from triflux.triton_kernels import common
+    from triflux.triton_kernels import launch
     K = types.SimpleNamespace()
     for family in ("elementwise", "reduce", "softmax", "norm", "conv", "dropout", "fill", "optimise",
                    "matmul", "shape", "pool", "rnn"):
@@ -200,7 +200,7 @@ def _worker():
         return torch.ones(shape, dtype=getattr(torch, dtype))
 
     launches = []
-    common.launch = lambda kernel, grid, *args, **meta: launches.append((kernel, args, meta))
+    launch.launch = lambda kernel, grid, *args, **meta: launches.append((kernel, args, meta))
     compiled = {}
     results = []
     for name, call in NAN_SENSITIVE_LAUNCHES:
@@ -234,11 +234,11 @@ def _worker():
 
 
 def _probe_kernels():
-    """Two tiny kernels, y = max(x, 0): plain tl.maximum and common.maximum."""
+    """Two tiny kernels, y = max(x, 0): plain tl.maximum and numerics.maximum."""
     import triton
     import triton.language as tl
 
-    from triflux.triton_kernels import common
+    from triflux.triton_kernels import numerics
 
     def plain_max(x, y, BLOCK: tl.constexpr):
         i = tl.arange(0, BLOCK)
@@ -246,7 +246,7 @@ def _probe_kernels():
 
     def nan_max(x, y, BLOCK: tl.constexpr):
         i = tl.arange(0, BLOCK)
-        tl.store(y + i, common.maximum(tl.load(x + i), 0.0))
+        tl.store(y + i, numerics.maximum(tl.load(x + i), 0.0))
     return triton.jit(plain_max), triton.jit(nan_max)
 
 
@@ -278,7 +278,7 @@ def compiled():
 @pytest.mark.parametrize("ty", ["fp32", "fp64"])
 def test_checker_catches_a_plain_maximum(compiled, ty):
     """The PTX check bites: plain tl.maximum compiles to a NaN-dropping max
-    (max.f32; max.f64 without a NaN select), common.maximum does not."""
+    (max.f32; max.f64 without a NaN select), numerics.maximum does not."""
     assert compiled["probes"][f"plain_max {ty}"], f"plain tl.maximum ({ty}) was not flagged"
     assert compiled["probes"][f"nan_max {ty}"] == [], compiled["probes"][f"nan_max {ty}"]
 
@@ -294,7 +294,7 @@ def test_kernel_keeps_nan_on_a_gpu(name, compiled):
             f"{name}: kernel {k['kernel']} ({k['constexprs']}) compiles to {k['nan_dropping']} "
             f"(all min/max forms: {k['forms']}): PTX min/max without .NaN return the other operand "
             "when one is NaN, so the GPU drops a NaN the reference keeps. Use "
-            "triton_kernels.common.maximum/minimum/max_along (propagate_nan=tl.PropagateNan.ALL) or "
+            "triton_kernels.numerics.maximum/minimum/max_along (propagate_nan=tl.PropagateNan.ALL) or "
             "an explicit comparison that sends NaN down the right branch")
 
 

@@ -14,6 +14,7 @@ import pytest
 from triflux import backend
 from triflux.errors import DTypeError, ShapeError
 from triflux.reference import conv as ref
+from triflux.specs.conv import FUSABLE_ACTIVATIONS
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
@@ -126,9 +127,9 @@ needs_kernels = pytest.mark.skipif(not backend.functional("CUDA"),
 
 
 def _kernels():
-    from triflux.triton_kernels import common
+    from triflux.triton_kernels import launch
     from triflux.triton_kernels import conv as kc
-    return kc, ("cpu" if common.INTERPRET else "cuda")
+    return kc, ("cpu" if launch.INTERPRET else "cuda")
 
 
 def _layout(t, how):
@@ -196,7 +197,8 @@ def test_kernels_use_torch_only_for_memory():
 
 # --- conv2d_bias_act: act(conv2d(x, w) + b), fused ---------------------------------------------
 
-ACTS = ("identity", "relu", "sigmoid", "tanh")
+#: the activations conv2d_bias_act fuses, as declared with the primitive
+ACTS = FUSABLE_ACTIVATIONS
 BIAS_ACT = {
     "groups2": ((2, 4, 5, 6), (6, 2, 3, 2), dict(stride=(1, 2), padding=(1, 0, 0, 1), dilation=(1, 1), groups=2)),
     "stride2": ((2, 2, 7, 6), (3, 2, 3, 3), dict(stride=(2, 2), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)),
@@ -315,19 +317,19 @@ def test_bias_act_bias_gradient_in_splits(monkeypatch):
     """On a GPU, many pixels per channel are summed in several programs and a
     second launch (no atomics): forced here in the interpreter."""
     kc, dev = _kernels()
-    from triflux.triton_kernels import common
+    from triflux.triton_kernels import launch
     g = _rand((2, 3, 48, 50), 21)
     y = 1 / (1 + np.exp(-_rand((2, 3, 48, 50), 22)))
     for dtype in (torch.float32, torch.float64):
         gt, yt = (torch.tensor(a).to(dtype).to(dev) for a in (g, y))
         bt = torch.tensor(_rand((3,), 23)).to(dtype).to(dev)
-        launched, launch = [], common.launch
-        monkeypatch.setattr(common, "launch", lambda k, grid, *a, **m: (launched.append((k, grid)),
-                                                                        launch(k, grid, *a, **m))[1])
-        monkeypatch.setattr(common, "INTERPRET", False)
+        launched, real_launch = [], launch.launch
+        monkeypatch.setattr(launch, "launch", lambda k, grid, *a, **m: (launched.append((k, grid)),
+                                                                        real_launch(k, grid, *a, **m))[1])
+        monkeypatch.setattr(launch, "INTERPRET", False)
         gz, db = kc._act_grad_and_bias_grad(gt, yt, bt, kc._ACT_CODES["sigmoid"])
-        monkeypatch.setattr(common, "INTERPRET", True)
-        monkeypatch.setattr(common, "launch", launch)
+        monkeypatch.setattr(launch, "INTERPRET", True)
+        monkeypatch.setattr(launch, "launch", real_launch)
         assert [k for k, _ in launched] == [kc._act_grad_kernel, kc._sum_splits_kernel], launched
         assert launched[0][1][1] > 1, f"one split only: {launched}"
         gz64 = g * y * (1 - y) if dtype == torch.float64 else (gt.double() * (yt.double() * (1 - yt.double()))).numpy()
@@ -343,7 +345,7 @@ def test_bias_act_kernel_errors():
         kc.conv2d_bias_act_forward(x, w, torch.zeros(3, device=dev), activation="softplus")
     with pytest.raises(ShapeError, match=r"bias must have shape \(3,\)"):
         kc.conv2d_bias_act_forward(x, w, torch.zeros((1, 3), device=dev))
-    with pytest.raises(DTypeError, match="bias is torch.float64"):
+    with pytest.raises(DTypeError, match="bias is float64"):
         kc.conv2d_bias_act_forward(x, w, torch.zeros(3, dtype=torch.float64, device=dev))
 
 
@@ -363,17 +365,51 @@ def test_bias_act_kernels_use_torch_only_for_memory():
     assert_torch_only_moves_memory(work, "the conv2d_bias_act kernels")
 
 
+def test_fusable_activations_are_the_declared_ones():
+    """The activations conv2d_bias_act fuses are declared once, with the
+    primitive; the spec takes those, and the Conv layer, the kernel and the
+    testing part know each of them (the reference and the oracles are held
+    to torch on each by the tests above, parametrized by the declaration)."""
+    from triflux.layers import conv as layers_conv
+    from triflux.primitives import REGISTRY
+    from triflux.testing import conv as testing_conv
+    declared = REGISTRY["conv2d_bias_act"].fusable_activations
+    assert FUSABLE_ACTIVATIONS is declared and "relu" in declared
+    assert sorted(layers_conv._FUSABLE.values()) == sorted(declared)
+    assert sorted(testing_conv._ACTIVATION_SENSITIVITY) == sorted(declared)
+    if backend.functional("CUDA"):
+        kc, _ = _kernels()
+        assert sorted(kc._ACT_CODES) == sorted(declared)
+
+
+def test_ops_check_the_spec_before_dispatch(monkeypatch):
+    """ops build the family's spec at the API edge: a call it refuses never reaches a device."""
+    import triflux as tf
+    from triflux import ops
+    monkeypatch.setattr(ops, "apply", lambda *a, **k: pytest.fail("dispatched a call the spec refuses"))
+    x = tf.tensor(np.zeros((1, 4, 5, 5), np.float32))
+    with pytest.raises(ShapeError, match="groups=3"):
+        ops.conv2d(x, tf.tensor(np.zeros((3, 1, 3, 3), np.float32)), groups=3)
+    with pytest.raises(ShapeError, match="smaller than the dilated kernel"):
+        ops.conv2d(x, tf.tensor(np.zeros((2, 4, 3, 3), np.float32)), dilation=3)
+    with pytest.raises(ShapeError, match="output_padding"):
+        ops.conv_transpose2d(x, tf.tensor(np.zeros((4, 2, 3, 3), np.float32)), output_padding=1)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ops.conv2d_bias_act(x, tf.tensor(np.zeros((2, 4, 3, 3), np.float32)), tf.tensor(np.zeros(2, np.float32)),
+                            activation="gelu")
+
+
 # --- the Conv layer uses the fused primitive ---------------------------------------------------
 
 def _recorded(layer, x):
     """Names of the primitives the tape records for ``layer(x)``."""
-    from triflux import autodiff
-    tape = autodiff.Tape([x, layer.weight] + ([layer.bias] if layer.bias is not None else []))
-    outer, autodiff.TAPE = autodiff.TAPE, tape
+    from triflux import tape as tapes
+    tape = tapes.Tape([x, layer.weight] + ([layer.bias] if layer.bias is not None else []))
+    outer, tapes.TAPE = tapes.TAPE, tape
     try:
         layer(x)
     finally:
-        autodiff.TAPE = outer
+        tapes.TAPE = outer
     return [prim.name for prim, *_ in tape.nodes]
 
 
@@ -407,7 +443,7 @@ def test_ops_conv2d_bias_act_checks_and_matches_the_unfused_ops():
     np.testing.assert_allclose(y.numpy(), ops.sigmoid(z).numpy(), rtol=1e-6, atol=1e-7)
     # a float64 bias promotes as conv2d(x, w) + b would
     assert ops.conv2d_bias_act(x, w, tf.tensor(np.zeros(6)), groups=2).dtype == np.float64
-    with pytest.raises(ValueError, match="activation must be 'identity', 'relu', 'sigmoid' or 'tanh'"):
+    with pytest.raises(ValueError, match=r"activation must be one of \('identity', 'relu', 'sigmoid', 'tanh'\)"):
         ops.conv2d_bias_act(x, w, b, groups=2, activation="gelu")
     with pytest.raises(ShapeError, match=r"bias must have shape \(6,\)"):
         ops.conv2d_bias_act(x, w, tf.tensor(np.zeros(4, dtype=np.float32)), groups=2)

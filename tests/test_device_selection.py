@@ -390,7 +390,7 @@ def test_dataloader_on_the_second_gpu(two_gpus):
 
 def test_kernels_launch_on_the_inputs_gpu():
     """On a real machine with two GPUs: with GPU 0 current, work on GPU 1 must
-    launch there (common.launch selects the inputs' device) and be right."""
+    launch there (launch.launch selects the inputs' device) and be right."""
     torch = pytest.importorskip("torch")
     if backend.facts().interpreter or backend.device_count("CUDA") < 2:
         pytest.skip("needs two real GPUs")

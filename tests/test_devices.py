@@ -103,9 +103,9 @@ def test_without_a_gpu_backend():
         except tf.NoGPUError as e:
             print("ERR1", e)
         import torch
-        from triflux.triton_kernels import common
+        from triflux.triton_kernels import copy
         try:
-            common.full((3,), 1.0, torch.float32, "cpu")
+            copy.full((3,), 1.0, torch.float32, "cpu")
         except tf.NoGPUError as e:
             print("ERR2", e)
     """, unset=("TRITON_INTERPRET",), env={"CUDA_VISIBLE_DEVICES": "-1"})
@@ -154,14 +154,14 @@ def test_fmap_rebuilds(dev):
 @needs_gpu
 def test_out_of_memory_becomes_a_triflux_error_and_leaves_the_model_intact(monkeypatch):
     torch = pytest.importorskip("torch")
-    from triflux.triton_kernels import common
+    from triflux.triton_kernels import launch
     m = tf.gpu(tf.Dense(3, 2))
     x = tf.gpu(np.ones((4, 3), np.float32))
     before = m.weight.numpy()
 
     def no_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32 bytes")
-    monkeypatch.setattr(common.torch, "empty", no_memory)
+    monkeypatch.setattr(launch.torch, "empty", no_memory)
     with pytest.raises(tf.OutOfMemoryError) as e:
         m(x)
     monkeypatch.undo()

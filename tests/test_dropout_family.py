@@ -25,10 +25,10 @@ if not backend.functional("CUDA"):
 import torch  # noqa: E402
 from torch_ops import assert_torch_only_moves_memory  # noqa: E402
 
-from triflux.triton_kernels import common  # noqa: E402
+from triflux.triton_kernels import launch  # noqa: E402
 from triflux.triton_kernels import dropout as kd  # noqa: E402
 
-DEVICE = "cpu" if common.INTERPRET else "cuda"
+DEVICE = "cpu" if launch.INTERPRET else "cuda"
 N = 1 << 16
 SIGMAS = 6.0
 

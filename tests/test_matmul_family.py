@@ -19,10 +19,10 @@ if not backend.functional("CUDA"):
 import torch  # noqa: E402
 from torch_ops import assert_torch_only_moves_memory  # noqa: E402
 
-from triflux.triton_kernels import common  # noqa: E402
+from triflux.triton_kernels import copy, launch  # noqa: E402
 from triflux.triton_kernels import matmul as km  # noqa: E402
 
-DEVICE = "cpu" if common.INTERPRET else "cuda"
+DEVICE = "cpu" if launch.INTERPRET else "cuda"
 
 
 def _t(array, dtype=torch.float32):
@@ -88,12 +88,12 @@ class _Launches:
 
     def __init__(self, monkeypatch):
         self.calls = []
-        real = common.launch
+        real = launch.launch
 
-        def launch(kernel, grid, *args, **meta):
+        def recording_launch(kernel, grid, *args, **meta):
             self.calls.append([x for x in args if isinstance(x, torch.Tensor)])
             return real(kernel, grid, *args, **meta)
-        monkeypatch.setattr(common, "launch", launch)
+        monkeypatch.setattr(launch, "launch", recording_launch)
 
     def inputs(self, i=0):
         return self.calls[i]
@@ -102,9 +102,9 @@ class _Launches:
 def _no_copies(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("matmul copied an operand")
-    monkeypatch.setattr(common, "contiguous", refuse)
-    monkeypatch.setattr(common, "copy_into", refuse)
-    monkeypatch.setattr(common, "cast", refuse)
+    monkeypatch.setattr(copy, "contiguous", refuse)
+    monkeypatch.setattr(copy, "copy_into", refuse)
+    monkeypatch.setattr(copy, "cast", refuse)
 
 
 @pytest.mark.parametrize("which", ["a.T", "b.T", "both.T", "strided", "batch-strided", "expanded"])
@@ -237,6 +237,19 @@ def test_errors():
         ref.matmul_forward(np.ones((2, 3)), np.ones((4, 2)))
     with pytest.raises(DTypeError):
         ref.matmul_forward(np.ones((2, 3), np.float32), np.ones((3, 2)))
+
+
+def test_ops_checks_before_dispatching(monkeypatch):
+    """``ops.matmul`` raises the spec's errors at the API edge, before any
+    reference or kernel runs."""
+    from triflux import ops
+    monkeypatch.setattr(ops, "apply", lambda *a, **k: pytest.fail("dispatched a bad matmul"))
+    with pytest.raises(ShapeError, match="inner sizes"):
+        ops.matmul(np.ones((2, 3), np.float32), np.ones((4, 2), np.float32))
+    with pytest.raises(ShapeError, match="do not broadcast"):
+        ops.matmul(np.ones((2, 2, 3), np.float32), np.ones((3, 3, 2), np.float32))
+    with pytest.raises(ShapeError, match="scalar"):
+        ops.matmul(np.ones((), np.float32), np.ones((3,), np.float32))
 
 
 def test_torch_only_allocates_and_views():

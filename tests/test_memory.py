@@ -12,9 +12,9 @@ from triflux.memory import MemoryStatus
 needs_cuda = pytest.mark.skipif(not tf.functional("CUDA"), reason="no functional CUDA backend")
 
 
-def _common():
-    from triflux.triton_kernels import common
-    return common
+def _kernels_launch():
+    from triflux.triton_kernels import launch
+    return launch
 
 
 def test_memory_status_cpu_fields_and_str():
@@ -73,9 +73,9 @@ class _FailingTorch:
 
 
 def _fail_allocations(monkeypatch, fail_at=None, error=None):
-    common = _common()
-    fake = _FailingTorch(common.torch, fail_at, error)
-    monkeypatch.setattr(common, "torch", fake)
+    kl = _kernels_launch()
+    fake = _FailingTorch(kl.torch, fail_at, error)
+    monkeypatch.setattr(kl, "torch", fake)
     return fake
 
 
@@ -100,11 +100,11 @@ def test_allocation_failure_becomes_outofmemoryerror(monkeypatch, error):
 def test_other_allocation_errors_pass_through(monkeypatch):
     _fail_allocations(monkeypatch, 1, lambda: RuntimeError("some other failure"))
     with pytest.raises(RuntimeError, match="some other failure"):
-        _common().empty((2,), _common().torch.float32, "cpu")
+        _kernels_launch().empty((2,), _kernels_launch().torch.float32, "cpu")
 
 
 def test_launch_out_of_memory_and_other_errors():
-    common = _common()
+    kl = _kernels_launch()
 
     class Kernel:
         def __init__(self, exc):
@@ -116,14 +116,14 @@ def test_launch_out_of_memory_and_other_errors():
             return run
 
     with pytest.raises(OutOfMemoryError, match="out of memory.*smaller batch"):
-        common.launch(Kernel(RuntimeError("CUDA error: out of memory")), (1,), 1, 2)
+        kl.launch(Kernel(RuntimeError("CUDA error: out of memory")), (1,), 1, 2)
     with pytest.raises(ValueError, match="unrelated"):
-        common.launch(Kernel(ValueError("unrelated")), (1,))
+        kl.launch(Kernel(ValueError("unrelated")), (1,))
 
 
 def test_launch_runs_on_the_gpu_of_its_tensors(monkeypatch):
     """With several GPUs, a kernel launches under its first tensor's device."""
-    common = _common()
+    kl = _kernels_launch()
     seen = []
 
     class FakeCuda:
@@ -146,26 +146,26 @@ def test_launch_runs_on_the_gpu_of_its_tensors(monkeypatch):
             return lambda *a, **k: seen.append(("run", grid)) or "ran"
 
     class Torch:
-        Tensor = common.torch.Tensor
+        Tensor = kl.torch.Tensor
         cuda = FakeCuda
 
-    monkeypatch.setattr(common, "torch", Torch)
-    monkeypatch.setattr(common, "_MULTI_GPU", True)
-    monkeypatch.setattr(common, "_gpu_index", lambda args: 1)
-    assert common.launch(Kernel(), (3,), "x") == "ran"
+    monkeypatch.setattr(kl, "torch", Torch)
+    monkeypatch.setattr(kl, "_MULTI_GPU", True)
+    monkeypatch.setattr(kl, "_gpu_index", lambda args: 1)
+    assert kl.launch(Kernel(), (3,), "x") == "ran"
     assert seen == [("enter", 1), ("run", (3,)), ("exit", 1)]
     seen.clear()
-    monkeypatch.setattr(common, "_gpu_index", lambda args: 0)      # already current: no switch
-    common.launch(Kernel(), (2,))
+    monkeypatch.setattr(kl, "_gpu_index", lambda args: 0)      # already current: no switch
+    kl.launch(Kernel(), (2,))
     assert seen == [("run", (2,))]
 
 
 def test_gpu_index_of_first_tensor():
     import torch
-    common = _common()
-    assert common._gpu_index((1, torch.empty(2), torch.empty(3, device="meta"))) is None
-    assert common._gpu_index((1, 2.0)) is None
-    assert common._gpu_index((torch.empty(0, device="meta"),)) is None
+    kl = _kernels_launch()
+    assert kl._gpu_index((1, torch.empty(2), torch.empty(3, device="meta"))) is None
+    assert kl._gpu_index((1, 2.0)) is None
+    assert kl._gpu_index((torch.empty(0, device="meta"),)) is None
 
 
 # --- a training step that runs out of memory changes nothing ---------------------------------

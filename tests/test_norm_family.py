@@ -21,10 +21,10 @@ if not backend.functional("CUDA"):
 import torch  # noqa: E402
 from torch_ops import assert_torch_only_moves_memory  # noqa: E402
 
-from triflux.triton_kernels import common  # noqa: E402
+from triflux.triton_kernels import launch  # noqa: E402
 from triflux.triton_kernels import norm as kn  # noqa: E402
 
-DEVICE = "cpu" if common.INTERPRET else "cuda"
+DEVICE = "cpu" if launch.INTERPRET else "cuda"
 SHAPES = [(5, 3), (2, 3, 7), (2, 3, 5, 4)]
 
 
@@ -244,6 +244,20 @@ def test_strided_views_read_in_place():
     grads = kn.batchnorm_train_backward(kg, ky, kx, kgam, kb)
     for a, e in zip(grads, tg):
         _close(_np(a), e, 1e-5)
+
+
+def test_ops_checks_before_dispatching(monkeypatch):
+    """``ops.batchnorm`` raises the spec's errors at the API edge, before any
+    reference or kernel runs."""
+    from triflux import ops
+    monkeypatch.setattr(ops, "apply", lambda *a, **k: pytest.fail("dispatched a bad batchnorm"))
+    x, three = ops.as_tensor(np.zeros((2, 3), np.float32)), ops.as_tensor(np.ones(3, np.float32))
+    with pytest.raises(ShapeError, match=r"\(3,\)"):
+        ops.batchnorm(x, ops.as_tensor(np.ones(2, np.float32)), three)
+    with pytest.raises(ShapeError, match=r"\(N, C"):
+        ops.batchnorm(ops.as_tensor(np.zeros(3, np.float32)), three, three)
+    with pytest.raises(ValueError, match="eps"):
+        ops.batchnorm(x, three, three, eps=-1.0)
 
 
 def test_shape_errors():

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from triflux.errors import DTypeError, ShapeError
+from triflux.primitives import REGISTRY
 from triflux.reference import optimise as ref
 
 pytestmark = pytest.mark.requires_kernels
@@ -121,7 +122,7 @@ def test_oracle_matches_reference(name):
     for t, a in zip(tensors, (x, g, *states)):
         np.testing.assert_array_equal(t.numpy(), a)  # the oracle mutates nothing
     getattr(ref, f"{name}_forward")(x, g, *states, **attrs)
-    assert len(new) == 1 + n_states == len(oracles.MUTATED[name])
+    assert len(new) == 1 + n_states == len(REGISTRY[name].mutates)
     for t, a in zip(new, (x, *states)):
         np.testing.assert_allclose(t.numpy(), a, rtol=1e-13, atol=1e-13)
 
@@ -215,7 +216,7 @@ def test_nan_and_infinite_gradients_as_torch(K, kernel_device, name):
     for dtype, tol in (("float64", 1e-12), ("float32", 1e-5)):
         args = [torch.from_numpy(a.copy()).to(getattr(torch, dtype)).to(kernel_device) for a in (x, g, *states)]
         getattr(K, f"{name}_forward")(*args, **attrs)
-        for i, w in zip(oracles.MUTATED[name], want):
+        for i, w in zip(REGISTRY[name].mutates, want):
             np.testing.assert_allclose(ref_args[i], w, rtol=1e-12, atol=1e-12, equal_nan=True)
             np.testing.assert_allclose(N(args[i]).astype(np.float64), w, rtol=tol, atol=tol, equal_nan=True)
 

@@ -20,6 +20,7 @@ from helpers import call, rel, rnd
 from triflux import backend
 from triflux.errors import ShapeError
 from triflux.reference import pool as ref
+from triflux.specs.pool import pool2d_spec, pool_axis
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -30,9 +31,9 @@ needs_kernels = pytest.mark.skipif(
 
 if GPU:
     from torch_ops import assert_torch_only_moves_memory
-    from triflux.triton_kernels import common
+    from triflux.triton_kernels import launch
     from triflux.triton_kernels import pool as kp
-    DEVICE = "cpu" if common.INTERPRET else "cuda"
+    DEVICE = "cpu" if launch.INTERPRET else "cuda"
 
 MAX, MEAN, AMAX, AMEAN = "maxpool2d", "meanpool2d", "adaptive_maxpool2d", "adaptive_meanpool2d"
 
@@ -96,9 +97,9 @@ def torch_both(name, x, g, **attrs):
 def out_shape(name, x_shape, **attrs):
     if name in (AMAX, AMEAN):
         return x_shape[:2] + tuple(attrs["size"])
-    geo = ref.pool_geometry(x_shape, attrs["window"], attrs["stride"], attrs["padding"],
-                            attrs.get("dilation", (1, 1)), attrs["ceil_mode"])
-    return x_shape[:2] + geo.out_size
+    spec = pool2d_spec(name, x_shape, "float64", attrs["window"], attrs["stride"], attrs["padding"],
+                       attrs.get("dilation", (1, 1)), attrs["ceil_mode"])
+    return spec.out_shape
 
 
 # --- reference (CPU) --------------------------------------------------------------------------
@@ -130,7 +131,7 @@ def test_ceil_mode_sizes_follow_torch():
                             except RuntimeError:
                                 want = None
                             try:
-                                got = ref.pool_axis(n, k, s, p, p, d, ceil).out
+                                got = pool_axis(n, k, s, p, p, d, ceil).out
                             except ShapeError:
                                 got = None
                             if got is None and want is not None:       # refused: only padding in a window
@@ -239,6 +240,22 @@ def test_reference_errors(attrs, match):
     if "dilation" not in attrs:
         with pytest.raises(ShapeError, match=match):
             ref.meanpool2d_forward(np.zeros((1, 1, 2, 3)), **attrs)
+
+
+@pytest.mark.parametrize("call_op,match", [
+    (lambda ops, x: ops.maxpool2d(x, 2, padding=(2, 0, 0, 0)), "smaller than the window"),
+    (lambda ops, x: ops.maxpool2d(x, 5, stride=1), "larger than the padded input"),
+    (lambda ops, x: ops.maxpool2d(x, (2, 1), padding=(1, 1, 0, 0), dilation=(3, 1)), "reads only padding"),
+    (lambda ops, x: ops.meanpool2d(x, 2, stride=(1, 0)), "stride"),
+    (lambda ops, x: ops.adaptive_maxpool2d(x, (0, 2)), "size"),
+])
+def test_ops_check_the_spec_before_dispatch(monkeypatch, call_op, match):
+    """ops build the family's spec at the API edge: bad geometry never reaches a device."""
+    import triflux as tf
+    from triflux import ops
+    monkeypatch.setattr(ops, "apply", lambda *a, **k: pytest.fail("dispatched a call the spec refuses"))
+    with pytest.raises(ShapeError, match=match):
+        call_op(ops, tf.tensor(np.zeros((1, 1, 2, 3), np.float32)))
 
 
 def test_reference_errors_rank_and_size():

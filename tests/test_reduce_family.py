@@ -62,6 +62,17 @@ def test_max_over_empty_axis_raises(K, kernel_device):
     assert tuple(K.max_forward(tt(x, kernel_device), (0,), True).shape) == (1, 0)
 
 
+def test_ops_checks_before_dispatching(monkeypatch):
+    """The ops functions raise the spec's errors at the API edge, before any
+    reference or kernel runs."""
+    from triflux import ops
+    monkeypatch.setattr(ops, "apply", lambda *a, **k: pytest.fail("dispatched a bad reduction"))
+    with pytest.raises(ShapeError, match="empty"):
+        ops.max(np.zeros((3, 0)), 1)
+    with pytest.raises(ShapeError, match="out of range"):
+        ops.sum(np.zeros((3, 2)), (0, 2))
+
+
 def test_keepdims_shapes_every_axis_set(K, kernel_device):
     """Every subset of the axes of a 4-d input (keepdims both ways for a third
     of them, alternating for the rest)."""
@@ -229,8 +240,8 @@ def test_long_rows_accumulate_in_float32(K, kernel_device):
 
 
 def _ones(device, shape, dtype):
-    from triflux.triton_kernels import common
-    return common.full(shape, 1.0, dtype, device)
+    from triflux.triton_kernels import copy
+    return copy.full(shape, 1.0, dtype, device)
 
 
 @pytest.mark.parametrize("splits", [3])
@@ -244,26 +255,26 @@ def test_split_reduction_path(K, kernel_device, splits, monkeypatch):
     x[1, 1400] = 50.0                  # a tie split between chunks
     xt = tt(x, kernel_device, "float32").t().contiguous().t()
     xf = f64(xt)
-    for op, npf in ((K.OP_SUM, np.sum), (K.OP_MAX, np.max)):
+    for op, npf in ((K.REDUCE_SUM, np.sum), (K.REDUCE_MAX, np.max)):
         got = K._reduce(xt, (1,), op, torch.float32, splits=splits)
         np.testing.assert_allclose(f64(got), npf(xf, axis=1), rtol=1e-6,
                                    atol=1e-6 * np.abs(xf).sum(axis=1).max())
-    y = K._reduce(xt, (1,), K.OP_MAX, torch.float32, keepdims=True, splits=splits)
-    cnt = K._reduce(xt, (1,), K.OP_COUNT_EQ, torch.int32, keepdims=True, ref=y, splits=splits)
+    y = K._reduce(xt, (1,), K.REDUCE_MAX, torch.float32, keepdims=True, splits=splits)
+    cnt = K._reduce(xt, (1,), K.REDUCE_COUNT_EQUAL, torch.int32, keepdims=True, reference_values=y, splits=splits)
     np.testing.assert_array_equal(tn(cnt).ravel(), [1, 2])
-    mean = K._reduce(xt, (1,), K.OP_SUM, torch.float32, mean=True, splits=splits)
+    mean = K._reduce(xt, (1,), K.REDUCE_SUM, torch.float32, mean=True, splits=splits)
     np.testing.assert_allclose(f64(mean), xf.mean(axis=1), rtol=1e-5)
 
 
 def test_gpu_block_configuration_in_the_interpreter(K, kernel_device, monkeypatch):
     """The GPU tile shapes and the automatic split (chosen only when not
     interpreting) computed by the same kernels, here in the interpreter."""
-    from triflux.triton_kernels import common
+    from triflux.triton_kernels import launch
     rng = np.random.default_rng(8)
     cases = [((2, 9000), (1,)), ((9000, 3), (0,)), ((40, 33, 5), (0, 2)), ((5, 300), (1,)),
              ((6000,), (0,))]
     arrays = [(rng.uniform(-1, 1, shape), axis) for shape, axis in cases]
-    monkeypatch.setattr(common, "INTERPRET", False)
+    monkeypatch.setattr(launch, "INTERPRET", False)
     for x, axis in arrays:
         xt = tt(x, kernel_device, "float32")
         for name, npf in (("sum", np.sum), ("max", np.max)):
@@ -309,7 +320,7 @@ def test_kernels_use_torch_only_for_memory(K, kernel_device):
         for name in ("sum", "mean", "max"):
             y = getattr(K, name + "_forward")(x, (0, 2), False)
             getattr(K, name + "_backward")(y, y, x, (0, 2), False)
-        K._reduce(x, (1,), K.OP_SUM, torch.float32, splits=2)
+        K._reduce(x, (1,), K.REDUCE_SUM, torch.float32, splits=2)
         K.unbroadcast(x, (1, 4, 1))
         K.sum_forward(tt(np.zeros((0, 3)), kernel_device), (0,), False)   # full(0)
 

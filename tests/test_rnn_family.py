@@ -43,8 +43,8 @@ def _fns(name, side):
 
 def _kernel_args(arrays, dtype="float32"):
     import torch
-    from triflux.triton_kernels import common
-    dev = "cpu" if common.INTERPRET else "cuda"
+    from triflux.triton_kernels import launch
+    dev = "cpu" if launch.INTERPRET else "cuda"
     return [torch.from_numpy(np.ascontiguousarray(a)).to(getattr(torch, dtype)).to(dev) for a in arrays]
 
 
@@ -139,18 +139,18 @@ def test_zero_length_sequence(side, name, attrs):
 @needs_kernels
 @pytest.mark.parametrize("name,attrs", CASES[1:], ids=IDS[1:])
 def test_launches_do_not_grow_with_the_length(name, attrs, monkeypatch):
-    from triflux.triton_kernels import common
+    from triflux.triton_kernels import launch
     kf, kb = _fns(name, "kernel")
     counts = []
     for length in (2, 7):
         calls = []
-        real = common.launch
-        monkeypatch.setattr(common, "launch", lambda k, *a, **m: calls.append(k) or real(k, *a, **m))
+        real = launch.launch
+        monkeypatch.setattr(launch, "launch", lambda k, *a, **m: calls.append(k) or real(k, *a, **m))
         targs = _kernel_args(_inputs(name, 2, length, 3, 4))
         out = kf(*targs, **attrs)
         fwd = len(calls)
         kb(*_kernel_args([np.ones(tuple(out.shape))]), out, *targs, **attrs)
-        monkeypatch.setattr(common, "launch", real)
+        monkeypatch.setattr(launch, "launch", real)
         counts.append((fwd, len(calls) - fwd))
     assert counts[0] == counts[1], f"{name}: launches (forward, backward) {counts} grow with L"
     assert counts[0][0] <= 2, f"{name}: the float32 forward should be a GEMM and one time-loop launch"
@@ -189,6 +189,22 @@ def test_shape_errors_name_the_input(side):
         _fns("rnn_sequence", side)[0](*(_inputs("rnn_sequence", 1, 1, 1, 1) if side == "reference"
                                         else _kernel_args(_inputs("rnn_sequence", 1, 1, 1, 1))),
                                       activation="sigmoid")
+
+
+def test_ops_functions_check_before_dispatching(monkeypatch):
+    """``ops.rnn_sequence`` / ``lstm_sequence`` / ``gru_sequence`` raise the
+    spec's errors at the API edge, before any reference or kernel runs."""
+    from triflux import ops
+    monkeypatch.setattr(ops, "apply", lambda *a, **k: pytest.fail("dispatched a bad sequence"))
+    ins = [a.astype(np.float32) for a in _inputs("lstm_sequence", 2, 3, 2, 3)]
+    ins[2] = np.zeros((2, 4), np.float32)
+    with pytest.raises(ShapeError, match=r"lstm_sequence: c0 must have shape \(2, 3\).*got \(2, 4\)"):
+        ops.lstm_sequence(*ins)
+    gru = [a.astype(np.float32) for a in _inputs("gru_sequence", 2, 3, 2, 3)]
+    with pytest.raises(DTypeError, match="gru_sequence: every input must have one floating dtype"):
+        ops.gru_sequence(gru[0].astype(np.int64), *gru[1:])
+    with pytest.raises(ValueError, match="'tanh' or 'relu'"):
+        ops.rnn_sequence(*[a.astype(np.float32) for a in _inputs("rnn_sequence", 1, 1, 1, 1)], activation="sigmoid")
 
 
 @needs_kernels

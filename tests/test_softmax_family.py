@@ -20,10 +20,10 @@ if not backend.functional("CUDA"):
 import torch  # noqa: E402
 from torch_ops import assert_torch_only_moves_memory  # noqa: E402
 
-from triflux.triton_kernels import common  # noqa: E402
+from triflux.triton_kernels import copy, launch  # noqa: E402
 from triflux.triton_kernels import softmax as ks  # noqa: E402
 
-DEVICE = "cpu" if common.INTERPRET else "cuda"
+DEVICE = "cpu" if launch.INTERPRET else "cuda"
 INF = float("inf")
 
 TORCH = {
@@ -149,16 +149,16 @@ def test_every_axis_of_views(name, axis, monkeypatch):
     base = _t(_rand((7, 10, 5), 1))
     views = [base, base.permute(2, 0, 1), base[:, ::2, :], base.transpose(0, 2)[::2]]
     rec = []
-    real = common.launch
+    real = launch.launch
 
-    def launch(kernel, grid, *args, **meta):
+    def recording_launch(kernel, grid, *args, **meta):
         rec.append([a.data_ptr() for a in args if isinstance(a, torch.Tensor)])
         return real(kernel, grid, *args, **meta)
 
     for xt in views:
-        monkeypatch.setattr(common, "contiguous", pytest.fail)
-        monkeypatch.setattr(common, "copy_into", pytest.fail)
-        monkeypatch.setattr(common, "launch", launch)
+        monkeypatch.setattr(copy, "contiguous", pytest.fail)
+        monkeypatch.setattr(copy, "copy_into", pytest.fail)
+        monkeypatch.setattr(launch, "launch", recording_launch)
         for keepdims in ((False, True) if name == "logsumexp" else (None,)):
             rec.clear()
             _check(name, None, axis, keepdims=keepdims, xt=xt)
@@ -251,6 +251,20 @@ def test_axis_errors():
         ref.logsoftmax_forward(np.zeros((2, 3)), -3)
     # a 1-tuple axis is accepted, negative axes count from the end
     np.testing.assert_array_equal(_np(ks.softmax_forward(x, (-1,))), np.full((2, 3), 1 / 3, np.float32))
+
+
+def test_ops_checks_before_dispatching(monkeypatch):
+    """The ops functions raise the spec's errors at the API edge, before any
+    reference or kernel runs."""
+    from triflux import ops
+    monkeypatch.setattr(ops, "apply", lambda *a, **k: pytest.fail("dispatched a bad softmax"))
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(ShapeError, match="out of range"):
+        ops.softmax(x, 2)
+    with pytest.raises(ShapeError, match="one axis"):
+        ops.logsumexp(x, (0, 1))
+    with pytest.raises(ShapeError, match="at least one dimension"):
+        ops.logsoftmax(np.zeros((), np.float32), 0)
 
 
 def test_torch_only_allocates_and_views():

@@ -20,6 +20,7 @@ from helpers import call, rel, rnd
 from triflux import backend
 from triflux.errors import ShapeError
 from triflux.reference import upsample as ref
+from triflux.specs.upsample import upsample2d_spec
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -30,9 +31,9 @@ needs_kernels = pytest.mark.skipif(
 
 if GPU:
     from torch_ops import assert_torch_only_moves_memory
-    from triflux.triton_kernels import common
+    from triflux.triton_kernels import launch
     from triflux.triton_kernels import upsample as ku
-    DEVICE = "cpu" if common.INTERPRET else "cuda"
+    DEVICE = "cpu" if launch.INTERPRET else "cuda"
 
 NEAREST, BILINEAR = "upsample_nearest2d", "upsample_bilinear2d"
 
@@ -70,7 +71,7 @@ def torch_both(name, x, g, **attrs):
 
 
 def out_shape(x_shape, size=None, scale=None, **_):
-    return x_shape[:2] + ref.upsample_size(x_shape, size, scale)[0]
+    return upsample2d_spec("upsample_nearest2d", x_shape, "float64", size, scale).out_shape
 
 
 # --- reference (CPU) --------------------------------------------------------------------------
@@ -163,6 +164,22 @@ def test_reference_errors(attrs, match):
             call(ref, name, "forward", np.zeros((1, 1, 3, 3)), **attrs)
     with pytest.raises(ShapeError, match="NCHW"):
         ref.upsample_nearest2d_forward(np.zeros((3, 3)), scale=(2, 2))
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(scale=0.2), r"greater than 0.*floor"),
+    (dict(scale=(0, 2)), "positive"),
+    (dict(size=(0, 2)), "greater than 0"),
+    (dict(scale=(1, 2, 3)), "scale must be a number or a pair"),
+])
+def test_ops_check_the_spec_before_dispatch(monkeypatch, kw, match):
+    """ops.upsample builds the family's spec at the API edge: bad attributes never reach a device."""
+    import triflux as tf
+    from triflux import ops
+    monkeypatch.setattr(ops, "apply", lambda *a, **k: pytest.fail("dispatched a call the spec refuses"))
+    for mode in ("nearest", "bilinear"):
+        with pytest.raises(ShapeError, match=match):
+            ops.upsample(tf.tensor(np.zeros((1, 1, 3, 3), np.float32)), mode=mode, **kw)
 
 
 # --- kernels ----------------------------------------------------------------------------------

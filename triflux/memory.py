@@ -14,12 +14,27 @@ Numbers are bytes. What each backend can tell:
 
 ``triflux.reclaim()`` gives cached blocks back; ``memory_status`` before and
 after shows the effect.
+
+Running out of memory anywhere (an allocation, a kernel launch, a copy to the
+device) becomes one ``OutOfMemoryError`` built here by ``out_of_memory``: the
+bytes asked for, the bytes free, the device and what to do.
 """
+import math
 import os
 import sys
 from typing import NamedTuple, Optional
 
 from . import backend
+from .devices import MetalDevice, as_device, gpu_device
+from .errors import OutOfMemoryError
+
+
+def format_bytes(n):
+    """``n`` bytes in the largest binary unit below it ("1.500 KiB")."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} bytes" if unit == "bytes" else f"{n:.3f} {unit}"
+        n /= 1024
 
 
 class MemoryStatus(NamedTuple):
@@ -32,10 +47,7 @@ class MemoryStatus(NamedTuple):
 
     def __str__(self):
         def b(n):
-            if n is None:
-                return "?"
-            from .show import format_bytes
-            return format_bytes(n)
+            return "?" if n is None else format_bytes(n)
         parts = [f"{b(self.allocated)} allocated"]
         if self.reserved is not None:
             parts.append(f"{b(self.reserved)} reserved")
@@ -105,8 +117,6 @@ def memory_status(device=None):
     ``device`` (a device object or a name such as ``"cuda:1"``; by default the
     default GPU device, or the CPU when none is functional). See the module
     docstring for what each number means on each backend."""
-    from .devices import gpu_device, MetalDevice
-    from .tensor import as_device
     dev = gpu_device() if device is None else as_device(device)
     if dev.is_cpu or isinstance(dev, MetalDevice):
         return _host_status(dev)
@@ -114,3 +124,64 @@ def memory_status(device=None):
     if tdev.type == "cpu":
         return _host_status(dev)
     return _gpu_status(dev, tdev)
+
+
+# --- out of memory -----------------------------------------------------------------------
+
+def is_out_of_memory(exc):
+    """Whether ``exc`` (raised by torch or Triton) says that memory ran out."""
+    torch = sys.modules.get("torch")
+    oom_type = getattr(torch, "OutOfMemoryError", ()) if torch is not None else ()
+    return isinstance(exc, oom_type) or "out of memory" in str(exc).lower()
+
+
+def _torch_device_name(tdev):
+    """The triflux name of the torch device ``tdev``."""
+    if tdev is None:
+        return "the GPU"
+    torch = backend.torch()
+    tdev = torch.device(tdev)
+    if tdev.type == "cpu":
+        return "the host memory (the Triton interpreter's device)"
+    kind = "AMDGPUDevice" if getattr(torch.version, "hip", None) else "CUDADevice"
+    idx = tdev.index if tdev.index is not None else torch.cuda.current_device()
+    return f"{kind}({idx})"
+
+
+def _free_and_total(tdev):
+    """(free, total) bytes of the torch device ``tdev``, ``None`` where unknown."""
+    try:
+        torch = backend.torch()
+        if tdev is not None and torch.device(tdev).type == "cpu":
+            st = _host_status(None)
+            return st.free, st.total
+        f, t = torch.cuda.mem_get_info(tdev)
+        return int(f), int(t)
+    except Exception:
+        return None, None
+
+
+def out_of_memory(exc, shape=None, dtype=None, device=None, *, asked=None, purpose=None):
+    """triflux's ``OutOfMemoryError`` for a failed allocation of a ``shape``
+    ``dtype`` (torch dtype) tensor on torch device ``device`` (or a failed
+    launch); or of ``asked`` bytes for ``purpose`` (e.g. "a DataLoader batch")."""
+    what = "asked for more memory than is free"
+    if asked is not None:
+        what = f"asked for {format_bytes(asked)} ({asked} bytes)" + (f" for {purpose}" if purpose else "")
+    elif shape is not None:
+        asked = math.prod(int(s) for s in shape) * (dtype.itemsize if dtype is not None else 1)
+        what = f"asked for {format_bytes(asked)} ({asked} bytes) for a {tuple(int(s) for s in shape)} " \
+               f"{str(dtype).replace('torch.', '')} tensor"
+    free, total = _free_and_total(device)
+    have = ""
+    if free is not None and total is not None:
+        have = f"; {format_bytes(free)} ({free} bytes) are free of {format_bytes(total)}"
+    where = _torch_device_name(device)
+    err = OutOfMemoryError(
+        f"out of memory on {where}: {what}{have}. A training step that fails here has not updated the "
+        "model's parameters or the optimiser state, so training can go on. To fit: use a smaller batch "
+        "(`DataLoader(data, batchsize=...)`); call `triflux.reclaim()` to return cached blocks; keep "
+        "parameters and data in float16/bfloat16 (`f16(model)`, `bf16(x)`) to halve the memory; check "
+        "with `nvidia-smi` whether other processes hold this GPU's memory.")
+    err.asked, err.free, err.total, err.device = asked, free, total, where
+    return err

@@ -15,50 +15,49 @@ their statistics, not elementwise. Inputs are read through their strides
 import triton
 import triton.language as tl
 
-from . import common
-from .common import nd_offset, store_value
-from triflux.reference.dropout import _check_p, _scale
+from triflux.reference.dropout import check_p, keep_scale
 from triflux.reference.fill import check_seed
+
+from . import indexing, launch, numerics
+from .numerics import store_value
 
 
 @triton.jit(do_not_specialize=["seed"])
-def _dropout_kernel(src, dst, n, seed, p, scale_hi, scale_lo,
-                    D1, D2, D3, D4, D5, S0, S1, S2, S3, S4, S5,
-                    CT: tl.constexpr, INTERP: tl.constexpr, BLOCK: tl.constexpr):
-    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = lin < n
-    off = nd_offset(lin, D1, D2, D3, D4, D5, S0, S1, S2, S3, S4, S5)
-    v = tl.load(src + off, mask=mask, other=0.0).to(CT)
-    if CT == tl.float64:
-        scale = tl.cast(scale_hi, tl.float64) + tl.cast(scale_lo, tl.float64)
-    else:
-        scale = scale_hi
-    keep = tl.rand(seed, lin) >= p
-    out = v * tl.where(keep, scale, 0.0)   # a multiplication, as torch: dropped NaN/inf give NaN
-    tl.store(dst + lin, store_value(out, dst.dtype.element_ty, INTERP), mask=mask)
-
-
-def _split(v):
-    """v as two float32 values hi + lo (Triton passes Python floats as float32;
-    a float64 kernel adds them in float64, keeping ~48 bits of 1 / (1 - p))."""
-    import numpy as np
-    hi = float(np.float32(v))
-    return hi, float(np.float32(v - hi))
+def _dropout_kernel(input_pointer, output_pointer, n_elements, seed, p, scale_hi, scale_lo,
+                    size1, size2, size3, size4, size5,
+                    input_stride0, input_stride1, input_stride2, input_stride3, input_stride4,
+                    input_stride5,
+                    COMPUTE_TYPE: tl.constexpr, INTERPRETER: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """output[i] = input[i] * (rand(seed, i) >= p) * scale, scale = 1 / (1 - p)
+    passed as the float32 pair (scale_hi, scale_lo)."""
+    index = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = index < n_elements
+    input_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, input_stride0,
+                                      input_stride1, input_stride2, input_stride3, input_stride4,
+                                      input_stride5)
+    x = tl.load(input_pointer + input_offset, mask=mask, other=0.0).to(COMPUTE_TYPE)
+    scale = numerics.from_float32_pair(scale_hi, scale_lo, COMPUTE_TYPE)
+    keep = tl.rand(seed, index) >= p
+    y = x * tl.where(keep, scale, 0.0)   # a multiplication, as torch: dropped NaN/inf give NaN
+    tl.store(output_pointer + index, store_value(y, output_pointer.dtype.element_ty, INTERPRETER),
+             mask=mask)
 
 
 def _apply(src, p, seed, like):
     """dst[i] = src[i] * m[i] / (1 - p), dense, in ``like``'s dtype."""
-    p = _check_p(p)
+    p = check_p(p)
     seed = check_seed(seed)
-    out = common.empty(like.shape, like.dtype, like.device)
+    out = launch.empty(like.shape, like.dtype, like.device)
     n = out.numel()
     if n == 0:
         return out
-    shape, (strides,) = common.merge_dims(tuple(like.shape), common.broadcast_strides(src, tuple(like.shape)))
-    block = common.block_for(n)
-    common.launch(_dropout_kernel, (common.cdiv(n, block),), src, out, n, seed, p, *_split(_scale(p)),
-                  *shape[1:], *strides, CT=common.compute_type(like.dtype),
-                  INTERP=common.INTERPRET, BLOCK=block)
+    shape = tuple(like.shape)
+    sizes, (src_strides,) = indexing.merge_dims(shape, indexing.broadcast_strides(src, shape))
+    block = launch.block_for(n)
+    launch.launch(_dropout_kernel, (launch.cdiv(n, block),), src, out, n, seed, p,
+                  *numerics.float32_pair(keep_scale(p)), *sizes[1:], *src_strides,
+                  COMPUTE_TYPE=numerics.compute_type(like.dtype), INTERPRETER=launch.INTERPRET,
+                  BLOCK_SIZE=block)
     return out
 
 

@@ -2,7 +2,8 @@
 ``where``; forward and backward. Mirrors ``triflux.reference.elementwise``.
 
 Design: four generic strided kernels, the operation chosen by a
-``tl.constexpr`` op code, so each (op, dtype) pair compiles once:
+``tl.constexpr`` operation code (``OP_NEG``, ``OP_ADD``, ...), so each
+(operation, dtype) pair compiles once:
 
 * ``_unary_kernel``       y = f(x)
 * ``_unary_bwd_kernel``   dx = g * f'(x, y)         (fused: one pass)
@@ -12,18 +13,19 @@ Design: four generic strided kernels, the operation chosen by a
                           input's shape
 
 Inputs may be any strided views and broadcast (stride 0); the index math is
-:func:`common.nd_offset` over at most six merged dimensions, skipped (a
-``tl.constexpr`` flag per input) for inputs that are dense and not broadcast,
-which read at the linear index. Outputs are new dense tensors. Floating inputs are loaded and at once converted to float32
-(float64 stays float64); integers and booleans compute in their own integer
-type (booleans as int32, stored back as ``!= 0``).
+:func:`indexing.nd_offset` over at most six merged dimensions, skipped (its
+``DENSE`` flag, one per input) for inputs that are dense and not broadcast,
+which read at the linear index. Outputs are new dense tensors. Floating inputs
+are loaded and at once converted to float32 (float64 stays float64); integers
+and booleans compute in their own integer type (booleans as int32, stored
+back as ``!= 0``).
 
 Only ``tl.exp``, ``tl.log``, ``tl.sqrt`` and ``tl.floor`` are used from the
-math library (no libdevice), so the kernels run unchanged on NVIDIA, AMD and in the
-interpreter; ``expm1``, ``log1p``, ``tanh`` and ``erfc`` are built from them
-with short series where cancellation would otherwise lose accuracy.
+math library (no libdevice), so the kernels run unchanged on NVIDIA, AMD and
+in the interpreter; ``expm1``, ``log1p`` and ``tanh`` come from
+:mod:`numerics`, ``erfc`` is a Chebyshev series here.
 
-NaN: minima and maxima go through ``common.maximum``/``minimum`` (a GPU's
+NaN: minima and maxima go through ``numerics.maximum``/``minimum`` (a GPU's
 plain min/max drop NaN), and every branch on a comparison sends NaN where torch
 does (``x > 0`` is false for NaN: leakyrelu and elu take their negative branch,
 which gives NaN; at NaN relu's gradient is g and leakyrelu's g slope, as
@@ -38,23 +40,71 @@ import triton.language as tl
 from triflux.dtypes import to_torch
 from triflux.errors import DTypeError, ShapeError
 
-from . import common
-from .common import store_value
-from .reduce import dense_strides as _dense, unbroadcast
+from . import indexing, launch, numerics
+from .numerics import store_value
+from .reduce import unbroadcast
 
-# --- op codes ------------------------------------------------------------------------------
+# --- operation codes -----------------------------------------------------------------------
+# The kernels' constexpr OP is one of these; the jit code compares it by name and
+# the host looks it up by primitive name in UNARY_OPS / BINARY_OPS.
 
-U_NEG, U_EXP, U_LOG, U_SQRT, U_ABS, U_TANH, U_SIGMOID, U_RELU, U_GELU, U_SWISH, \
-    U_SOFTPLUS, U_LEAKYRELU, U_ELU, U_CAST, U_GELU_ERF = range(15)
-B_ADD, B_SUB, B_MUL, B_DIV, B_POW, B_MAX, B_MIN, B_EQ, B_NE, B_LT, B_LE, B_GT, B_GE, \
-    B_WHERE = range(14)
+OP_NEG = tl.constexpr(0)
+OP_EXP = tl.constexpr(1)
+OP_LOG = tl.constexpr(2)
+OP_SQRT = tl.constexpr(3)
+OP_ABS = tl.constexpr(4)
+OP_TANH = tl.constexpr(5)
+OP_SIGMOID = tl.constexpr(6)
+OP_RELU = tl.constexpr(7)
+OP_GELU = tl.constexpr(8)
+OP_GELU_ERF = tl.constexpr(9)
+OP_SWISH = tl.constexpr(10)
+OP_SOFTPLUS = tl.constexpr(11)
+OP_LEAKYRELU = tl.constexpr(12)
+OP_ELU = tl.constexpr(13)
+OP_CAST = tl.constexpr(14)
+
+OP_ADD = tl.constexpr(15)
+OP_SUB = tl.constexpr(16)
+OP_MUL = tl.constexpr(17)
+OP_DIV = tl.constexpr(18)
+OP_POW = tl.constexpr(19)
+OP_MAXIMUM = tl.constexpr(20)
+OP_MINIMUM = tl.constexpr(21)
+OP_EQ = tl.constexpr(22)
+OP_NE = tl.constexpr(23)
+OP_LT = tl.constexpr(24)
+OP_LE = tl.constexpr(25)
+OP_GT = tl.constexpr(26)
+OP_GE = tl.constexpr(27)
+OP_WHERE = tl.constexpr(28)
+
+#: the operation code of each unary primitive
+UNARY_OPS = {"neg": OP_NEG, "exp": OP_EXP, "log": OP_LOG, "sqrt": OP_SQRT, "abs": OP_ABS,
+             "tanh": OP_TANH, "sigmoid": OP_SIGMOID, "relu": OP_RELU, "gelu": OP_GELU,
+             "gelu_erf": OP_GELU_ERF, "swish": OP_SWISH, "softplus": OP_SOFTPLUS,
+             "leakyrelu": OP_LEAKYRELU, "elu": OP_ELU, "cast": OP_CAST}
+#: the operation code of each binary primitive (``where`` selects between two)
+BINARY_OPS = {"add": OP_ADD, "sub": OP_SUB, "mul": OP_MUL, "div": OP_DIV, "pow": OP_POW,
+              "maximum": OP_MAXIMUM, "minimum": OP_MINIMUM, "eq": OP_EQ, "ne": OP_NE,
+              "lt": OP_LT, "le": OP_LE, "gt": OP_GT, "ge": OP_GE, "where": OP_WHERE}
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_INT_OK_UNARY = {U_NEG, U_ABS, U_CAST, U_RELU}
-_INT_OK_BINARY = {B_ADD, B_SUB, B_MUL, B_MAX, B_MIN, B_EQ, B_NE, B_LT, B_LE, B_GT, B_GE, B_WHERE}
+#: the operations defined for integer and boolean inputs too (``neg`` and ``sub`` not for booleans)
+_INTEGER_UNARY = {"neg", "abs", "cast", "relu"}
+_INTEGER_BINARY = {"add", "sub", "mul", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+                   "where"}
+#: the binary operations with boolean results
+_COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge"}
+
+# --- constants of the formulas (as in the reference) -----------------------------------------
+SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+GELU_K = tl.constexpr(0.044715)
+SQRT_1_2 = tl.constexpr(0.7071067811865476)
+INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 
-def _ct(dtype):
+def _compute_type(dtype):
     """The Triton type a kernel computes in for inputs of torch ``dtype``."""
     if dtype == torch.float64:
         return tl.float64
@@ -65,34 +115,21 @@ def _ct(dtype):
     return tl.int32  # int8/16/32, uint8, bool
 
 
-def _nterms(dtype):
-    """Series lengths (expm1, log1p, erfc) for the compute precision."""
-    return (17, 11, 28) if dtype == torch.float64 else (9, 6, 15)
-
-
-_UNARY_NAMES = ["neg", "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "gelu", "swish",
-                "softplus", "leakyrelu", "elu", "cast", "gelu_erf"]
-_BINARY_NAMES = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
-                 "gt", "ge", "where"]
-
-
-def _check_unary_dtype(x, op):
+def _check_unary_dtype(x, name):
     if x.dtype in _FLOATS:
         return
-    name = _UNARY_NAMES[op]
-    if op not in _INT_OK_UNARY or (x.dtype == torch.bool and op == U_NEG):
+    if name not in _INTEGER_UNARY or (x.dtype == torch.bool and name == "neg"):
         raise DTypeError(f"`{name}` is not defined for {x.dtype} inputs on the GPU path; "
                          "cast to a floating dtype first (e.g. `x.astype(float32)`)")
 
 
-def _check_binary_dtypes(a, b, op):
-    name = _BINARY_NAMES[op]
+def _check_binary_dtypes(a, b, name):
     if a.dtype != b.dtype:
         raise DTypeError(f"`{name}` got inputs of different dtypes ({a.dtype} and {b.dtype}); "
                          "the ops layer casts them to one dtype before calling the kernel")
     if a.dtype in _FLOATS:
         return
-    if op not in _INT_OK_BINARY or (a.dtype == torch.bool and op == B_SUB):
+    if name not in _INTEGER_BINARY or (a.dtype == torch.bool and name == "sub"):
         raise DTypeError(f"`{name}` is not defined for {a.dtype} inputs on the GPU path; "
                          "cast to a floating dtype first")
 
@@ -107,42 +144,6 @@ def _broadcast_shape(*tensors):
 
 
 # --- math building blocks --------------------------------------------------------------------
-
-@triton.jit
-def _expm1(x, NT: tl.constexpr):
-    """exp(x) - 1 without cancellation: Taylor series for |x| < 1/2."""
-    p = tl.zeros_like(x) + 1.0
-    for k in tl.static_range(NT, 1, -1):
-        p = 1.0 + p * x * (1.0 / k)
-    return tl.where(tl.abs(x) < 0.5, x * p, tl.exp(x) - 1.0)
-
-
-@triton.jit
-def _log1p(e, NT: tl.constexpr):
-    """log(1 + e) without cancellation: for |e| < 1/4 the series
-    2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...), s = e / (2 + e)."""
-    s = e / (2.0 + e)
-    s2 = s * s
-    p = tl.zeros_like(e) + 2.0 / (2 * NT + 1)
-    for k in tl.static_range(NT - 1, -1, -1):
-        p = 2.0 / (2 * k + 1) + s2 * p
-    return tl.where(tl.abs(e) < 0.25, s * p, tl.log(1.0 + e))
-
-
-@triton.jit
-def _tanh(x, NT: tl.constexpr):
-    """tanh(x) = -expm1(-2|x|) / (2 + expm1(-2|x|)) * sign(x): no overflow
-    for large |x| (it tends to ±1), accurate near 0."""
-    em = _expm1(-2.0 * tl.abs(x), NT)
-    t = -em / (2.0 + em)
-    return tl.where(x < 0, -t, t)
-
-
-@triton.jit
-def _sigmoid(x):
-    """1 / (1 + exp(-x)): exp overflows to inf for x << 0, giving 0, never NaN."""
-    return 1.0 / (1.0 + tl.exp(-x))
-
 
 @triton.jit
 def _pow(a, b):
@@ -174,317 +175,338 @@ _ERFC_CHEB = tl.constexpr((
 
 
 @triton.jit
-def _erfc_nonneg(z, NC: tl.constexpr):
-    """erfc(z) for z >= 0 (NaN for NaN) with full relative accuracy, also where
-    it is tiny (1 - erf(z) would cancel): t exp(f(u) - z^2), f the Chebyshev
-    series _ERFC_CHEB (its first NC terms) summed by Clenshaw's recurrence."""
+def _erfc_series(z, TERMS: tl.constexpr):
     t = 2.0 / (2.0 + z)
     u = 2.0 * t - 1.0
     b1 = tl.zeros_like(z)
     b2 = tl.zeros_like(z)
-    for k in tl.static_range(NC - 1, 0, -1):
+    for k in tl.static_range(TERMS - 1, 0, -1):
         b1, b2 = _ERFC_CHEB[k] + 2.0 * u * b1 - b2, b1
     return t * tl.exp(_ERFC_CHEB[0] + u * b1 - b2 - z * z)
 
 
 @triton.jit
-def _normal_cdf(x, NC: tl.constexpr):
-    """Phi(x) = 0.5 erfc(-x / sqrt(2)), the standard normal CDF: 0.5 erfc(|x| / sqrt(2))
-    for x < 0 (accurate where tiny), 1 minus that for x >= 0."""
-    half_c = 0.5 * _erfc_nonneg(tl.abs(x) * 0.7071067811865476, NC)
-    return tl.where(x < 0, half_c, 1.0 - half_c)
+def _erfc_nonneg(z):
+    """erfc(z) for z >= 0 (NaN for NaN) with full relative accuracy, also where
+    it is tiny (1 - erf(z) would cancel): t exp(f(u) - z^2), f the Chebyshev
+    series _ERFC_CHEB (all 28 terms in float64, 15 in float32) summed by
+    Clenshaw's recurrence."""
+    if z.dtype == tl.float64:
+        return _erfc_series(z, 28)
+    else:
+        return _erfc_series(z, 15)
 
 
 @triton.jit
-def _unary_fwd(x, p0, OP: tl.constexpr, NT_E: tl.constexpr, NT_L: tl.constexpr, NT_C: tl.constexpr):
-    if OP == 0:      # neg
+def _normal_cdf(x):
+    """Phi(x) = 0.5 erfc(-x / sqrt(2)), the standard normal CDF: 0.5 erfc(|x| / sqrt(2))
+    for x < 0 (accurate where tiny), 1 minus that for x >= 0."""
+    half_c = 0.5 * _erfc_nonneg(tl.abs(x) * SQRT_1_2)
+    return tl.where(x < 0, half_c, 1.0 - half_c)
+
+
+# --- the operations --------------------------------------------------------------------------
+
+@triton.jit
+def _unary(x, param, OP: tl.constexpr):
+    """f(x) for the unary operation ``OP``; ``param`` is leakyrelu's slope or elu's alpha."""
+    if OP == OP_NEG:
         y = -x
-    elif OP == 1:    # exp
+    elif OP == OP_EXP:
         y = tl.exp(x)
-    elif OP == 2:    # log
+    elif OP == OP_LOG:
         y = tl.log(x)
-    elif OP == 3:    # sqrt
+    elif OP == OP_SQRT:
         y = tl.sqrt(x)
-    elif OP == 4:    # abs
+    elif OP == OP_ABS:
         y = tl.where(x < 0, -x, x)
-    elif OP == 5:    # tanh
-        y = _tanh(x, NT_E)
-    elif OP == 6:    # sigmoid
-        y = _sigmoid(x)
-    elif OP == 7:    # relu (NaN stays NaN)
+    elif OP == OP_TANH:
+        y = numerics.tanh(x)
+    elif OP == OP_SIGMOID:
+        y = numerics.sigmoid(x)
+    elif OP == OP_RELU:       # NaN stays NaN
         y = tl.where(x < 0, 0, x)
-    elif OP == 8:    # gelu, tanh approximation: 0.5 x (1 + tanh(u)) = x sigmoid(2u)
-        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        y = x * _sigmoid(2.0 * u)
-    elif OP == 9:    # swish
-        y = x * _sigmoid(x)
-    elif OP == 10:   # softplus = max(x, 0) + log1p(exp(-|x|))
-        y = common.maximum(x, 0.0) + _log1p(tl.exp(-tl.abs(x)), NT_L)
-    elif OP == 11:   # leakyrelu (NaN takes the x * p0 branch: NaN)
-        y = tl.where(x > 0, x, x * p0)
-    elif OP == 12:   # elu (NaN takes the expm1 branch: NaN)
-        y = tl.where(x > 0, x, p0 * _expm1(x, NT_E))
-    elif OP == 14:   # gelu_erf: x Phi(x)
-        y = x * _normal_cdf(x, NT_C)
-    else:            # cast: the conversion happens in the store
-        y = x
+    elif OP == OP_GELU:       # tanh approximation: 0.5 x (1 + tanh(u)) = x sigmoid(2u)
+        u = SQRT_2_OVER_PI * (x + GELU_K * x * x * x)
+        y = x * numerics.sigmoid(2.0 * u)
+    elif OP == OP_SWISH:
+        y = x * numerics.sigmoid(x)
+    elif OP == OP_SOFTPLUS:   # max(x, 0) + log1p(exp(-|x|))
+        y = numerics.maximum(x, 0.0) + numerics.log1p(tl.exp(-tl.abs(x)))
+    elif OP == OP_LEAKYRELU:  # NaN takes the x * slope branch: NaN
+        y = tl.where(x > 0, x, x * param)
+    elif OP == OP_ELU:        # NaN takes the expm1 branch: NaN
+        y = tl.where(x > 0, x, param * numerics.expm1(x))
+    elif OP == OP_GELU_ERF:   # x Phi(x)
+        y = x * _normal_cdf(x)
+    else:
+        tl.static_assert(OP == OP_CAST, "not a unary operation")
+        y = x                 # the conversion happens in the store
     return y
 
 
 @triton.jit
-def _unary_kernel(x, out, n, p0,
-                  D1, D2, D3, D4, D5, XS0, XS1, XS2, XS3, XS4, XS5,
-                  OP: tl.constexpr, CT: tl.constexpr, NT_E: tl.constexpr, NT_L: tl.constexpr,
-                  NT_C: tl.constexpr,
-                  XD: tl.constexpr, INTERP: tl.constexpr, BLOCK: tl.constexpr):
-    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = lin < n
-    if XD:  # dense, not broadcast: the offset is the linear index
-        xo = lin
-    else:
-        xo = common.nd_offset(lin, D1, D2, D3, D4, D5, XS0, XS1, XS2, XS3, XS4, XS5)
-    v = tl.load(x + xo, mask=mask, other=1).to(CT)
-    y = _unary_fwd(v, p0, OP, NT_E, NT_L, NT_C)
-    tl.store(out + lin, store_value(y, out.dtype.element_ty, INTERP), mask=mask)
+def _unary_grad(g, x, y, param, OP: tl.constexpr):
+    """g f'(x) for the unary operation ``OP``. exp and sqrt use y = f(x) (g y,
+    g / 2y: no accuracy lost); tanh and sigmoid recompute from x, since 1 - y^2
+    and 1 - y cancel where y is near 1 and would amplify the rounding of y."""
+    if OP == OP_NEG:          # -g
+        r = -g
+    elif OP == OP_EXP:        # g y
+        r = g * y
+    elif OP == OP_LOG:        # g / x
+        r = g / x
+    elif OP == OP_SQRT:       # g / (2 y)
+        r = g / (2.0 * y)
+    elif OP == OP_ABS:        # g sign(x), sign(0) = 0
+        r = tl.where(x > 0, g, tl.where(x < 0, -g, 0.0))
+    elif OP == OP_TANH:       # g (1 - y^2) = g 4 e / (1 + e)^2, e = exp(-2|x|) (no cancellation)
+        e = tl.exp(-2.0 * tl.abs(x))
+        r = g * (4.0 * e / ((1.0 + e) * (1.0 + e)))
+    elif OP == OP_SIGMOID:    # g y (1 - y) = g e / (1 + e)^2, e = exp(-|x|) (no cancellation)
+        e = tl.exp(-tl.abs(x))
+        r = g * (e / ((1.0 + e) * (1.0 + e)))
+    elif OP == OP_RELU:       # g [not x <= 0]   (relu'(0) = 0; at NaN g, as torch)
+        r = tl.where(x <= 0, 0.0, g)
+    elif OP == OP_GELU:       # s + 2 x s (1 - s) u',  s = sigmoid(2u)
+        u = SQRT_2_OVER_PI * (x + GELU_K * x * x * x)
+        s = numerics.sigmoid(2.0 * u)
+        ss = s * numerics.sigmoid(-2.0 * u)  # s (1 - s) without cancellation
+        du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_K * x * x)
+        inf_x = (x == float("inf")) | (x == -float("inf"))   # inf * 0 = NaN there, as torch
+        d = s + tl.where((ss > 0) | inf_x, 2.0 * x * ss * du, 0.0)
+        r = g * d
+    elif OP == OP_SWISH:      # s (1 + x (1 - s)),  s = sigmoid(x)
+        s = numerics.sigmoid(x)
+        r = g * (s * (1.0 + x * numerics.sigmoid(-x)))  # 1 - s = sigmoid(-x)
+    elif OP == OP_SOFTPLUS:   # g sigmoid(x)
+        r = g * numerics.sigmoid(x)
+    elif OP == OP_LEAKYRELU:  # g [x > 0] + g slope [not x > 0]   (at NaN g slope, as torch)
+        r = tl.where(x > 0, g, g * param)
+    elif OP == OP_GELU_ERF:   # g (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+        r = g * (_normal_cdf(x) + x * tl.exp(-0.5 * x * x) * INV_SQRT_2PI)
+    else:                     # g [x > 0] + g alpha exp(x) [not x > 0]   (NaN at NaN)
+        tl.static_assert(OP == OP_ELU, "not a unary operation with a kernel gradient")
+        r = tl.where(x > 0, g, g * param * tl.exp(x))
+    return r
 
 
 @triton.jit
-def _unary_bwd_kernel(g, x, y, out, n, p0,
-                      D1, D2, D3, D4, D5,
-                      GS0, GS1, GS2, GS3, GS4, GS5,
-                      XS0, XS1, XS2, XS3, XS4, XS5,
-                      YS0, YS1, YS2, YS3, YS4, YS5,
-                      OP: tl.constexpr, CT: tl.constexpr, NT_E: tl.constexpr, NT_C: tl.constexpr,
-                      USE_Y: tl.constexpr, GD: tl.constexpr, XD: tl.constexpr,
-                      YD: tl.constexpr, INTERP: tl.constexpr, BLOCK: tl.constexpr):
-    """out = g * f'(x). exp and sqrt use y = f(x) (g y, g / 2y: no accuracy
-    lost); tanh and sigmoid recompute from x, since 1 - y^2 and 1 - y cancel
-    where y is near 1 and would amplify the rounding of y."""
-    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = lin < n
-    if GD:  # dense, not broadcast: the offset is the linear index
-        go = lin
-    else:
-        go = common.nd_offset(lin, D1, D2, D3, D4, D5, GS0, GS1, GS2, GS3, GS4, GS5)
-    if XD:  # dense, not broadcast: the offset is the linear index
-        xo = lin
-    else:
-        xo = common.nd_offset(lin, D1, D2, D3, D4, D5, XS0, XS1, XS2, XS3, XS4, XS5)
-    gv = tl.load(g + go, mask=mask, other=0).to(CT)
-    xv = tl.load(x + xo, mask=mask, other=1).to(CT)
-    if USE_Y:
-        if YD:  # dense, not broadcast: the offset is the linear index
-            yo = lin
-        else:
-            yo = common.nd_offset(lin, D1, D2, D3, D4, D5, YS0, YS1, YS2, YS3, YS4, YS5)
-        yv = tl.load(y + yo, mask=mask, other=1).to(CT)
-    else:
-        yv = xv
-    if OP == 0:      # neg: -g
-        r = -gv
-    elif OP == 1:    # exp: g y
-        r = gv * yv
-    elif OP == 2:    # log: g / x
-        r = gv / xv
-    elif OP == 3:    # sqrt: g / (2 y)
-        r = gv / (2.0 * yv)
-    elif OP == 4:    # abs: g sign(x), sign(0) = 0
-        r = tl.where(xv > 0, gv, tl.where(xv < 0, -gv, 0.0))
-    elif OP == 5:    # tanh: g (1 - y^2) = g 4 e / (1 + e)^2, e = exp(-2|x|) (no cancellation)
-        e = tl.exp(-2.0 * tl.abs(xv))
-        r = gv * (4.0 * e / ((1.0 + e) * (1.0 + e)))
-    elif OP == 6:    # sigmoid: g y (1 - y) = g e / (1 + e)^2, e = exp(-|x|) (no cancellation)
-        e = tl.exp(-tl.abs(xv))
-        r = gv * (e / ((1.0 + e) * (1.0 + e)))
-    elif OP == 7:    # relu: g [not x <= 0]   (relu'(0) = 0; at NaN g, as torch)
-        r = tl.where(xv <= 0, 0.0, gv)
-    elif OP == 8:    # gelu: s + 2 x s (1 - s) u',  s = sigmoid(2u)
-        u = 0.7978845608028654 * (xv + 0.044715 * xv * xv * xv)
-        s = _sigmoid(2.0 * u)
-        ss = s * _sigmoid(-2.0 * u)  # s (1 - s) without cancellation
-        du = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * xv * xv)
-        inf_x = (xv == float("inf")) | (xv == -float("inf"))   # inf * 0 = NaN there, as torch
-        d = s + tl.where((ss > 0) | inf_x, 2.0 * xv * ss * du, 0.0)
-        r = gv * d
-    elif OP == 9:    # swish: s (1 + x (1 - s)),  s = sigmoid(x)
-        s = _sigmoid(xv)
-        r = gv * (s * (1.0 + xv * _sigmoid(-xv)))  # 1 - s = sigmoid(-x)
-    elif OP == 10:   # softplus: g sigmoid(x)
-        r = gv * _sigmoid(xv)
-    elif OP == 11:   # leakyrelu: g [x > 0] + g slope [not x > 0]   (at NaN g slope, as torch)
-        r = tl.where(xv > 0, gv, gv * p0)
-    elif OP == 14:   # gelu_erf: g (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
-        r = gv * (_normal_cdf(xv, NT_C) + xv * tl.exp(-0.5 * xv * xv) * 0.3989422804014327)
-    else:            # elu: g [x > 0] + g alpha exp(x) [not x > 0]   (NaN at NaN)
-        r = tl.where(xv > 0, gv, gv * p0 * tl.exp(xv))
-    tl.store(out + lin, store_value(r, out.dtype.element_ty, INTERP), mask=mask)
-
-
-@triton.jit
-def _binary_fwd(a, b, OP: tl.constexpr):
-    if OP == 0:
+def _binary(a, b, OP: tl.constexpr):
+    """f(a, b) for the arithmetic and comparison operations (``pow`` and
+    ``where`` are the kernel's own branches)."""
+    if OP == OP_ADD:
         y = a + b
-    elif OP == 1:
+    elif OP == OP_SUB:
         y = a - b
-    elif OP == 2:
+    elif OP == OP_MUL:
         y = a * b
-    elif OP == 3:
+    elif OP == OP_DIV:
         y = a / b
-    elif OP == 4:
-        y = _pow(a, b)
-    elif OP == 5:    # maximum, NaN-propagating
-        y = common.maximum(a, b)
-    elif OP == 6:    # minimum, NaN-propagating
-        y = common.minimum(a, b)
-    elif OP == 7:
+    elif OP == OP_MAXIMUM:    # NaN-propagating
+        y = numerics.maximum(a, b)
+    elif OP == OP_MINIMUM:    # NaN-propagating
+        y = numerics.minimum(a, b)
+    elif OP == OP_EQ:
         y = a == b
-    elif OP == 8:
+    elif OP == OP_NE:
         y = a != b
-    elif OP == 9:
+    elif OP == OP_LT:
         y = a < b
-    elif OP == 10:
+    elif OP == OP_LE:
         y = a <= b
-    elif OP == 11:
+    elif OP == OP_GT:
         y = a > b
     else:
+        tl.static_assert(OP == OP_GE, "not a binary operation")
         y = a >= b
     return y
 
 
+# --- the kernels -----------------------------------------------------------------------------
+
 @triton.jit
-def _binary_kernel(a, b, c, out, n,
-                   D1, D2, D3, D4, D5,
-                   AS0, AS1, AS2, AS3, AS4, AS5,
-                   BS0, BS1, BS2, BS3, BS4, BS5,
-                   CS0, CS1, CS2, CS3, CS4, CS5,
-                   OP: tl.constexpr, CT: tl.constexpr, PT: tl.constexpr,
-                   AD: tl.constexpr, BD: tl.constexpr,
-                   CD: tl.constexpr, INTERP: tl.constexpr, BLOCK: tl.constexpr):
-    """out = f(a, b); for OP == where: out = c ? a : b."""
-    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = lin < n
-    if AD:  # dense, not broadcast: the offset is the linear index
-        ao = lin
-    else:
-        ao = common.nd_offset(lin, D1, D2, D3, D4, D5, AS0, AS1, AS2, AS3, AS4, AS5)
-    if BD:  # dense, not broadcast: the offset is the linear index
-        bo = lin
-    else:
-        bo = common.nd_offset(lin, D1, D2, D3, D4, D5, BS0, BS1, BS2, BS3, BS4, BS5)
-    av = tl.load(a + ao, mask=mask, other=1).to(CT)
-    bv = tl.load(b + bo, mask=mask, other=1).to(CT)
-    if OP == 13:
-        if CD:  # dense, not broadcast: the offset is the linear index
-            co = lin
-        else:
-            co = common.nd_offset(lin, D1, D2, D3, D4, D5, CS0, CS1, CS2, CS3, CS4, CS5)
-        cv = tl.load(c + co, mask=mask, other=0)
-        y = tl.where(cv != 0, av, bv)
-    elif OP == 4:    # pow in PT (float64 for float32 inputs: exp(b log a) loses |b log a| ulps)
-        y = _pow(av.to(PT), bv.to(PT))
-    else:
-        y = _binary_fwd(av, bv, OP)
-    tl.store(out + lin, store_value(y, out.dtype.element_ty, INTERP), mask=mask)
+def _unary_kernel(x_pointer, output_pointer, n_elements, param,
+                  size1, size2, size3, size4, size5,
+                  x_stride0, x_stride1, x_stride2, x_stride3, x_stride4, x_stride5,
+                  OP: tl.constexpr, COMPUTE_TYPE: tl.constexpr, X_DENSE: tl.constexpr,
+                  INTERPRETER: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """output = f(x), f the unary operation ``OP``."""
+    index = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = index < n_elements
+    x_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, x_stride0, x_stride1,
+                                  x_stride2, x_stride3, x_stride4, x_stride5, DENSE=X_DENSE)
+    x = tl.load(x_pointer + x_offset, mask=mask, other=1).to(COMPUTE_TYPE)
+    y = _unary(x, param, OP)
+    tl.store(output_pointer + index, store_value(y, output_pointer.dtype.element_ty, INTERPRETER),
+             mask=mask)
 
 
 @triton.jit
-def _binary_bwd_kernel(g, a, b, ga, gb, n,
-                       D1, D2, D3, D4, D5,
-                       GS0, GS1, GS2, GS3, GS4, GS5,
-                       AS0, AS1, AS2, AS3, AS4, AS5,
-                       BS0, BS1, BS2, BS3, BS4, BS5,
-                       OP: tl.constexpr, CT: tl.constexpr, PT: tl.constexpr,
-                       GD: tl.constexpr, AD: tl.constexpr, BD: tl.constexpr,
-                       INTERP: tl.constexpr, BLOCK: tl.constexpr):
-    """(ga, gb) = g * (df/da, df/db), at the broadcast shape. For OP == where,
-    ``a`` is the condition and (ga, gb) are the gradients of the two branches."""
-    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = lin < n
-    if GD:  # dense, not broadcast: the offset is the linear index
-        go = lin
+def _unary_bwd_kernel(grad_pointer, x_pointer, y_pointer, grad_x_pointer, n_elements, param,
+                      size1, size2, size3, size4, size5,
+                      grad_stride0, grad_stride1, grad_stride2, grad_stride3, grad_stride4, grad_stride5,
+                      x_stride0, x_stride1, x_stride2, x_stride3, x_stride4, x_stride5,
+                      y_stride0, y_stride1, y_stride2, y_stride3, y_stride4, y_stride5,
+                      OP: tl.constexpr, COMPUTE_TYPE: tl.constexpr, USE_Y: tl.constexpr,
+                      GRAD_DENSE: tl.constexpr, X_DENSE: tl.constexpr, Y_DENSE: tl.constexpr,
+                      INTERPRETER: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """grad_x = g f'(x), from y = f(x) too when ``USE_Y``."""
+    index = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = index < n_elements
+    grad_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, grad_stride0,
+                                     grad_stride1, grad_stride2, grad_stride3, grad_stride4,
+                                     grad_stride5, DENSE=GRAD_DENSE)
+    x_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, x_stride0, x_stride1,
+                                  x_stride2, x_stride3, x_stride4, x_stride5, DENSE=X_DENSE)
+    g = tl.load(grad_pointer + grad_offset, mask=mask, other=0).to(COMPUTE_TYPE)
+    x = tl.load(x_pointer + x_offset, mask=mask, other=1).to(COMPUTE_TYPE)
+    if USE_Y:
+        y_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, y_stride0, y_stride1,
+                                      y_stride2, y_stride3, y_stride4, y_stride5, DENSE=Y_DENSE)
+        y = tl.load(y_pointer + y_offset, mask=mask, other=1).to(COMPUTE_TYPE)
     else:
-        go = common.nd_offset(lin, D1, D2, D3, D4, D5, GS0, GS1, GS2, GS3, GS4, GS5)
-    if AD:  # dense, not broadcast: the offset is the linear index
-        ao = lin
+        y = x
+    grad_x = _unary_grad(g, x, y, param, OP)
+    tl.store(grad_x_pointer + index, store_value(grad_x, grad_x_pointer.dtype.element_ty, INTERPRETER),
+             mask=mask)
+
+
+@triton.jit
+def _binary_kernel(a_pointer, b_pointer, condition_pointer, output_pointer, n_elements,
+                   size1, size2, size3, size4, size5,
+                   a_stride0, a_stride1, a_stride2, a_stride3, a_stride4, a_stride5,
+                   b_stride0, b_stride1, b_stride2, b_stride3, b_stride4, b_stride5,
+                   condition_stride0, condition_stride1, condition_stride2, condition_stride3,
+                   condition_stride4, condition_stride5,
+                   OP: tl.constexpr, COMPUTE_TYPE: tl.constexpr, POW_TYPE: tl.constexpr,
+                   A_DENSE: tl.constexpr, B_DENSE: tl.constexpr, CONDITION_DENSE: tl.constexpr,
+                   INTERPRETER: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """output = f(a, b); for ``OP_WHERE``: output = condition ? a : b."""
+    index = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = index < n_elements
+    a_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, a_stride0, a_stride1,
+                                  a_stride2, a_stride3, a_stride4, a_stride5, DENSE=A_DENSE)
+    b_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, b_stride0, b_stride1,
+                                  b_stride2, b_stride3, b_stride4, b_stride5, DENSE=B_DENSE)
+    a = tl.load(a_pointer + a_offset, mask=mask, other=1).to(COMPUTE_TYPE)
+    b = tl.load(b_pointer + b_offset, mask=mask, other=1).to(COMPUTE_TYPE)
+    if OP == OP_WHERE:
+        condition_offset = indexing.nd_offset(
+            index, size1, size2, size3, size4, size5, condition_stride0, condition_stride1,
+            condition_stride2, condition_stride3, condition_stride4, condition_stride5,
+            DENSE=CONDITION_DENSE)
+        condition = tl.load(condition_pointer + condition_offset, mask=mask, other=0)
+        y = tl.where(condition != 0, a, b)
+    elif OP == OP_POW:  # in POW_TYPE (float64 for float32 inputs: exp(b log a) loses |b log a| ulps)
+        y = _pow(a.to(POW_TYPE), b.to(POW_TYPE))
     else:
-        ao = common.nd_offset(lin, D1, D2, D3, D4, D5, AS0, AS1, AS2, AS3, AS4, AS5)
-    gv = tl.load(g + go, mask=mask, other=0).to(CT)
-    if OP == 13:     # where
-        cv = tl.load(a + ao, mask=mask, other=0)
-        da = tl.where(cv != 0, gv, 0.0)
-        db = tl.where(cv != 0, 0.0, gv)
+        y = _binary(a, b, OP)
+    tl.store(output_pointer + index, store_value(y, output_pointer.dtype.element_ty, INTERPRETER),
+             mask=mask)
+
+
+@triton.jit
+def _binary_bwd_kernel(grad_pointer, a_pointer, b_pointer, grad_a_pointer, grad_b_pointer, n_elements,
+                       size1, size2, size3, size4, size5,
+                       grad_stride0, grad_stride1, grad_stride2, grad_stride3, grad_stride4, grad_stride5,
+                       a_stride0, a_stride1, a_stride2, a_stride3, a_stride4, a_stride5,
+                       b_stride0, b_stride1, b_stride2, b_stride3, b_stride4, b_stride5,
+                       OP: tl.constexpr, COMPUTE_TYPE: tl.constexpr, POW_TYPE: tl.constexpr,
+                       GRAD_DENSE: tl.constexpr, A_DENSE: tl.constexpr, B_DENSE: tl.constexpr,
+                       INTERPRETER: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """(grad_a, grad_b) = g (df/da, df/db), at the broadcast shape. For
+    ``OP_WHERE``, ``a`` is the condition and (grad_a, grad_b) are the
+    gradients of the two branches."""
+    index = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = index < n_elements
+    grad_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, grad_stride0,
+                                     grad_stride1, grad_stride2, grad_stride3, grad_stride4,
+                                     grad_stride5, DENSE=GRAD_DENSE)
+    a_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, a_stride0, a_stride1,
+                                  a_stride2, a_stride3, a_stride4, a_stride5, DENSE=A_DENSE)
+    g = tl.load(grad_pointer + grad_offset, mask=mask, other=0).to(COMPUTE_TYPE)
+    if OP == OP_WHERE:
+        condition = tl.load(a_pointer + a_offset, mask=mask, other=0)
+        grad_a = tl.where(condition != 0, g, 0.0)
+        grad_b = tl.where(condition != 0, 0.0, g)
     else:
-        if BD:  # dense, not broadcast: the offset is the linear index
-            bo = lin
+        b_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, b_stride0, b_stride1,
+                                      b_stride2, b_stride3, b_stride4, b_stride5, DENSE=B_DENSE)
+        a = tl.load(a_pointer + a_offset, mask=mask, other=1).to(COMPUTE_TYPE)
+        b = tl.load(b_pointer + b_offset, mask=mask, other=1).to(COMPUTE_TYPE)
+        if OP == OP_MUL:
+            grad_a = g * b
+            grad_b = g * a
+        elif OP == OP_DIV:      # g / b, -g a / b^2
+            grad_a = g / b
+            grad_b = -g * a / (b * b)
+        elif OP == OP_POW:      # g b a^(b-1) (0 where b == 0), g y log(a) (0 where a == 0, b >= 0)
+            a_pow = a.to(POW_TYPE)
+            b_pow = b.to(POW_TYPE)
+            g_pow = g.to(POW_TYPE)
+            # y = a^b recomputed in POW_TYPE: the stored output may have overflowed
+            # its 16-bit dtype (a^b > 65504) where g y log(a) has not
+            y = _pow(a_pow, b_pow)
+            grad_a = tl.where(b_pow == 0, 0.0, g_pow * b_pow * _pow(a_pow, b_pow - 1.0))
+            grad_b = tl.where((a_pow == 0) & (b_pow >= 0), 0.0, g_pow * y * tl.log(a_pow))
+        elif OP == OP_MAXIMUM:  # ties split the gradient half/half (torch)
+            grad_a = tl.where(a == b, g * 0.5, tl.where(a < b, 0.0, g))
+            grad_b = tl.where(a == b, g * 0.5, tl.where(a > b, 0.0, g))
         else:
-            bo = common.nd_offset(lin, D1, D2, D3, D4, D5, BS0, BS1, BS2, BS3, BS4, BS5)
-        av = tl.load(a + ao, mask=mask, other=1).to(CT)
-        bv = tl.load(b + bo, mask=mask, other=1).to(CT)
-        if OP == 2:      # mul
-            da = gv * bv
-            db = gv * av
-        elif OP == 3:    # div: g / b, -g a / b^2
-            da = gv / bv
-            db = -gv * av / (bv * bv)
-        elif OP == 4:    # pow: g b a^(b-1) (0 where b == 0), g y log(a) (0 where a == 0, b >= 0)
-            ap = av.to(PT)
-            bp = bv.to(PT)
-            gp = gv.to(PT)
-            # y = a^b recomputed in PT: the stored output may have overflowed its
-            # 16-bit dtype (a^b > 65504) where g y log(a) has not
-            yv = _pow(ap, bp)
-            da = tl.where(bp == 0, 0.0, gp * bp * _pow(ap, bp - 1.0))
-            db = tl.where((ap == 0) & (bp >= 0), 0.0, gp * yv * tl.log(ap))
-        elif OP == 5:    # maximum: ties split the gradient half/half (torch)
-            da = tl.where(av == bv, gv * 0.5, tl.where(av < bv, 0.0, gv))
-            db = tl.where(av == bv, gv * 0.5, tl.where(av > bv, 0.0, gv))
-        else:            # minimum
-            da = tl.where(av == bv, gv * 0.5, tl.where(av > bv, 0.0, gv))
-            db = tl.where(av == bv, gv * 0.5, tl.where(av < bv, 0.0, gv))
-    tl.store(ga + lin, store_value(da, ga.dtype.element_ty, INTERP), mask=mask)
-    tl.store(gb + lin, store_value(db, gb.dtype.element_ty, INTERP), mask=mask)
+            tl.static_assert(OP == OP_MINIMUM, "not a binary operation with a kernel gradient")
+            grad_a = tl.where(a == b, g * 0.5, tl.where(a > b, 0.0, g))
+            grad_b = tl.where(a == b, g * 0.5, tl.where(a < b, 0.0, g))
+    tl.store(grad_a_pointer + index, store_value(grad_a, grad_a_pointer.dtype.element_ty, INTERPRETER),
+             mask=mask)
+    tl.store(grad_b_pointer + index, store_value(grad_b, grad_b_pointer.dtype.element_ty, INTERPRETER),
+             mask=mask)
 
 
 # --- launchers ----------------------------------------------------------------------------------
 
-def _strides(tensors, shape):
+def _merged_strides(tensors, shape):
     """Merged shape and per-tensor strides for reading ``tensors`` (broadcast)
     at ``shape``; dense row-major outputs index by the linear position."""
-    sets = [common.broadcast_strides(t, shape) for t in tensors]
-    return common.merge_dims(shape, *sets)
+    sets = [indexing.broadcast_strides(t, shape) for t in tensors]
+    return indexing.merge_dims(shape, *sets)
 
 
-def _launch_unary(x, op, out_dtype, p0=0.0):
-    _check_unary_dtype(x, op)
-    out = common.empty(x.shape, out_dtype, x.device)
+def _launch_unary(x, name, out_dtype, param=0.0):
+    """f(x) for the unary primitive ``name``, in a new tensor of ``out_dtype``."""
+    _check_unary_dtype(x, name)
+    out = launch.empty(x.shape, out_dtype, x.device)
     n = out.numel()
     if n == 0:
         return out
-    mshape, (xs,) = _strides([x], tuple(x.shape))
-    block = common.block_for(n)
-    nt_e, nt_l, nt_c = _nterms(x.dtype)
-    common.launch(_unary_kernel, (common.cdiv(n, block),), x, out, n, float(p0),
-                  *mshape[1:], *xs, OP=op, CT=_ct(x.dtype), NT_E=nt_e, NT_L=nt_l, NT_C=nt_c,
-                  XD=_dense(mshape, xs), INTERP=common.INTERPRET, BLOCK=block)
+    sizes, (x_strides,) = _merged_strides([x], tuple(x.shape))
+    block = launch.block_for(n)
+    launch.launch(_unary_kernel, (launch.cdiv(n, block),), x, out, n, float(param),
+                  *sizes[1:], *x_strides, OP=UNARY_OPS[name].value,
+                  COMPUTE_TYPE=_compute_type(x.dtype), X_DENSE=indexing.dense_strides(sizes, x_strides),
+                  INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block)
     return out
 
 
-def _launch_unary_bwd(grad, x, y, op, p0=0.0):
+def _launch_unary_bwd(grad, x, y, name, param=0.0):
+    """g f'(x) for the unary primitive ``name`` (``y = f(x)`` or ``None``)."""
     if x.dtype not in _FLOATS:
         return None
-    out = common.empty(x.shape, x.dtype, x.device)
+    out = launch.empty(x.shape, x.dtype, x.device)
     n = out.numel()
     if n == 0:
         return out
     shape = tuple(x.shape)
     use_y = y is not None
-    mshape, (gs, xs, ys) = _strides([grad, x, y if use_y else x], shape)
-    block = common.block_for(n)
-    nt_e, _, nt_c = _nterms(x.dtype)
-    common.launch(_unary_bwd_kernel, (common.cdiv(n, block),), grad, x, y if use_y else x,
-                  out, n, float(p0), *mshape[1:], *gs, *xs, *ys, OP=op, CT=_ct(x.dtype),
-                  NT_E=nt_e, NT_C=nt_c, USE_Y=use_y, GD=_dense(mshape, gs), XD=_dense(mshape, xs),
-                  YD=_dense(mshape, ys), INTERP=common.INTERPRET, BLOCK=block)
+    sizes, (grad_strides, x_strides, y_strides) = _merged_strides([grad, x, y if use_y else x], shape)
+    block = launch.block_for(n)
+    launch.launch(_unary_bwd_kernel, (launch.cdiv(n, block),), grad, x, y if use_y else x,
+                  out, n, float(param), *sizes[1:], *grad_strides, *x_strides, *y_strides,
+                  OP=UNARY_OPS[name].value, COMPUTE_TYPE=_compute_type(x.dtype), USE_Y=use_y,
+                  GRAD_DENSE=indexing.dense_strides(sizes, grad_strides),
+                  X_DENSE=indexing.dense_strides(sizes, x_strides),
+                  Y_DENSE=indexing.dense_strides(sizes, y_strides),
+                  INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block)
     return out
 
 
@@ -492,27 +514,30 @@ def _pow_type(dtype):
     return tl.float64 if dtype in (torch.float32, torch.float64) else tl.float32
 
 
-def _launch_binary(a, b, op, cond=None):
-    if op == B_WHERE:
-        _check_binary_dtypes(a, b, op)
+def _launch_binary(a, b, name, cond=None):
+    """f(a, b) for the binary primitive ``name`` (broadcasting), or
+    ``where(cond, a, b)``."""
+    _check_binary_dtypes(a, b, name)
+    if name == "where":
         shape = _broadcast_shape(cond, a, b)
         tensors = [a, b, cond]
     else:
-        _check_binary_dtypes(a, b, op)
         shape = _broadcast_shape(a, b)
         tensors = [a, b, a]
-    out_dtype = torch.bool if B_EQ <= op <= B_GE else a.dtype
-    out = common.empty(shape, out_dtype, a.device)
+    out_dtype = torch.bool if name in _COMPARISONS else a.dtype
+    out = launch.empty(shape, out_dtype, a.device)
     n = out.numel()
     if n == 0:
         return out
-    mshape, (as_, bs, cs) = _strides(tensors, shape)
-    block = common.block_for(n)
-    common.launch(_binary_kernel, (common.cdiv(n, block),), tensors[0], tensors[1], tensors[2],
-                  out, n, *mshape[1:], *as_, *bs, *cs, OP=op, CT=_ct(a.dtype),
-                  PT=_pow_type(a.dtype), AD=_dense(mshape, as_),
-                  BD=_dense(mshape, bs), CD=_dense(mshape, cs), INTERP=common.INTERPRET,
-                  BLOCK=block)
+    sizes, (a_strides, b_strides, cond_strides) = _merged_strides(tensors, shape)
+    block = launch.block_for(n)
+    launch.launch(_binary_kernel, (launch.cdiv(n, block),), tensors[0], tensors[1], tensors[2],
+                  out, n, *sizes[1:], *a_strides, *b_strides, *cond_strides,
+                  OP=BINARY_OPS[name].value, COMPUTE_TYPE=_compute_type(a.dtype),
+                  POW_TYPE=_pow_type(a.dtype), A_DENSE=indexing.dense_strides(sizes, a_strides),
+                  B_DENSE=indexing.dense_strides(sizes, b_strides),
+                  CONDITION_DENSE=indexing.dense_strides(sizes, cond_strides),
+                  INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block)
     return out
 
 
@@ -520,21 +545,26 @@ def _grads_at(shape, dtype, in_shapes, device):
     """Buffers for the broadcast-shape gradients: in the input dtype when no
     reduction follows, else in float32 (float64) for an accurate unbroadcast."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    return [common.empty(shape, dtype if tuple(s) == tuple(shape) else acc, device)
+    return [launch.empty(shape, dtype if tuple(s) == tuple(shape) else acc, device)
             for s in in_shapes]
 
 
-def _binary_bwd(grad, x0, x1, op, in_shapes, dtype):
+def _binary_bwd(grad, x0, x1, name, in_shapes, dtype):
+    """The gradients of the binary primitive ``name`` with respect to its two
+    inputs (of ``in_shapes``), summed back to those shapes."""
     shape = tuple(grad.shape)
     ga, gb = _grads_at(shape, dtype, in_shapes, grad.device)
-    n = common.numel(shape)
+    n = launch.numel(shape)
     if n:
-        mshape, (gs, as_, bs) = _strides([grad, x0, x1], shape)
-        block = common.block_for(n)
-        common.launch(_binary_bwd_kernel, (common.cdiv(n, block),), grad, x0, x1, ga, gb, n,
-                      *mshape[1:], *gs, *as_, *bs, OP=op, CT=_ct(dtype),
-                      PT=_pow_type(dtype), GD=_dense(mshape, gs), AD=_dense(mshape, as_),
-                      BD=_dense(mshape, bs), INTERP=common.INTERPRET, BLOCK=block)
+        sizes, (grad_strides, a_strides, b_strides) = _merged_strides([grad, x0, x1], shape)
+        block = launch.block_for(n)
+        launch.launch(_binary_bwd_kernel, (launch.cdiv(n, block),), grad, x0, x1, ga, gb, n,
+                      *sizes[1:], *grad_strides, *a_strides, *b_strides,
+                      OP=BINARY_OPS[name].value, COMPUTE_TYPE=_compute_type(dtype),
+                      POW_TYPE=_pow_type(dtype), GRAD_DENSE=indexing.dense_strides(sizes, grad_strides),
+                      A_DENSE=indexing.dense_strides(sizes, a_strides),
+                      B_DENSE=indexing.dense_strides(sizes, b_strides),
+                      INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block)
     return unbroadcast(ga, in_shapes[0], dtype), unbroadcast(gb, in_shapes[1], dtype)
 
 
@@ -551,152 +581,152 @@ def _full_grad(grad, a, b):
 
 def neg_forward(x):
     """-x"""
-    return _launch_unary(x, U_NEG, x.dtype)
+    return _launch_unary(x, "neg", x.dtype)
 
 
 def neg_backward(grad, out, x):
     """dx = -g"""
-    return (_launch_unary_bwd(grad, x, None, U_NEG),)
+    return (_launch_unary_bwd(grad, x, None, "neg"),)
 
 
 def exp_forward(x):
     """exp(x)"""
-    return _launch_unary(x, U_EXP, x.dtype)
+    return _launch_unary(x, "exp", x.dtype)
 
 
 def exp_backward(grad, out, x):
     """dx = g exp(x) = g y"""
     if out is None:
         out = exp_forward(x)
-    return (_launch_unary_bwd(grad, x, out, U_EXP),)
+    return (_launch_unary_bwd(grad, x, out, "exp"),)
 
 
 def log_forward(x):
     """log(x)"""
-    return _launch_unary(x, U_LOG, x.dtype)
+    return _launch_unary(x, "log", x.dtype)
 
 
 def log_backward(grad, out, x):
     """dx = g / x"""
-    return (_launch_unary_bwd(grad, x, None, U_LOG),)
+    return (_launch_unary_bwd(grad, x, None, "log"),)
 
 
 def sqrt_forward(x):
     """sqrt(x)"""
-    return _launch_unary(x, U_SQRT, x.dtype)
+    return _launch_unary(x, "sqrt", x.dtype)
 
 
 def sqrt_backward(grad, out, x):
     """dx = g / (2 sqrt(x)) = g / (2 y)"""
     if out is None:
         out = sqrt_forward(x)
-    return (_launch_unary_bwd(grad, x, out, U_SQRT),)
+    return (_launch_unary_bwd(grad, x, out, "sqrt"),)
 
 
 def abs_forward(x):
     """|x|"""
-    return _launch_unary(x, U_ABS, x.dtype)
+    return _launch_unary(x, "abs", x.dtype)
 
 
 def abs_backward(grad, out, x):
     """dx = g sign(x), with sign(0) = 0"""
-    return (_launch_unary_bwd(grad, x, None, U_ABS),)
+    return (_launch_unary_bwd(grad, x, None, "abs"),)
 
 
 def tanh_forward(x):
     """tanh(x)"""
-    return _launch_unary(x, U_TANH, x.dtype)
+    return _launch_unary(x, "tanh", x.dtype)
 
 
 def tanh_backward(grad, out, x):
     """dx = g (1 - y^2) = g 4 e / (1 + e)^2, e = exp(-2|x|)"""
-    return (_launch_unary_bwd(grad, x, None, U_TANH),)
+    return (_launch_unary_bwd(grad, x, None, "tanh"),)
 
 
 def sigmoid_forward(x):
     """1 / (1 + exp(-x))"""
-    return _launch_unary(x, U_SIGMOID, x.dtype)
+    return _launch_unary(x, "sigmoid", x.dtype)
 
 
 def sigmoid_backward(grad, out, x):
     """dx = g y (1 - y) = g e / (1 + e)^2, e = exp(-|x|)"""
-    return (_launch_unary_bwd(grad, x, None, U_SIGMOID),)
+    return (_launch_unary_bwd(grad, x, None, "sigmoid"),)
 
 
 def relu_forward(x):
     """max(x, 0)"""
-    return _launch_unary(x, U_RELU, x.dtype)
+    return _launch_unary(x, "relu", x.dtype)
 
 
 def relu_backward(grad, out, x):
     """dx = g [x > 0]  (relu'(0) = 0)"""
-    return (_launch_unary_bwd(grad, x, None, U_RELU),)
+    return (_launch_unary_bwd(grad, x, None, "relu"),)
 
 
 def gelu_forward(x):
     """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (tanh approximation)"""
-    return _launch_unary(x, U_GELU, x.dtype)
+    return _launch_unary(x, "gelu", x.dtype)
 
 
 def gelu_backward(grad, out, x):
     """dx = g (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2))"""
-    return (_launch_unary_bwd(grad, x, None, U_GELU),)
+    return (_launch_unary_bwd(grad, x, None, "gelu"),)
 
 
 def gelu_erf_forward(x):
     """x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))  (the exact GELU)"""
-    return _launch_unary(x, U_GELU_ERF, x.dtype)
+    return _launch_unary(x, "gelu_erf", x.dtype)
 
 
 def gelu_erf_backward(grad, out, x):
     """dx = g (Phi(x) + x phi(x)), phi the standard normal density"""
-    return (_launch_unary_bwd(grad, x, None, U_GELU_ERF),)
+    return (_launch_unary_bwd(grad, x, None, "gelu_erf"),)
 
 
 def swish_forward(x):
     """x sigmoid(x)"""
-    return _launch_unary(x, U_SWISH, x.dtype)
+    return _launch_unary(x, "swish", x.dtype)
 
 
 def swish_backward(grad, out, x):
     """dx = g (s + x s (1 - s)), s = sigmoid(x)"""
-    return (_launch_unary_bwd(grad, x, None, U_SWISH),)
+    return (_launch_unary_bwd(grad, x, None, "swish"),)
 
 
 def softplus_forward(x):
     """log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|))"""
-    return _launch_unary(x, U_SOFTPLUS, x.dtype)
+    return _launch_unary(x, "softplus", x.dtype)
 
 
 def softplus_backward(grad, out, x):
     """dx = g sigmoid(x)"""
-    return (_launch_unary_bwd(grad, x, None, U_SOFTPLUS),)
+    return (_launch_unary_bwd(grad, x, None, "softplus"),)
 
 
 def leakyrelu_forward(x, negative_slope=0.01):
     """x if x > 0 else negative_slope x"""
-    return _launch_unary(x, U_LEAKYRELU, x.dtype, negative_slope)
+    return _launch_unary(x, "leakyrelu", x.dtype, negative_slope)
 
 
 def leakyrelu_backward(grad, out, x, negative_slope=0.01):
     """dx = g if x > 0 else negative_slope g"""
-    return (_launch_unary_bwd(grad, x, None, U_LEAKYRELU, negative_slope),)
+    return (_launch_unary_bwd(grad, x, None, "leakyrelu", negative_slope),)
 
 
 def elu_forward(x, alpha=1.0):
     """x if x > 0 else alpha (exp(x) - 1)"""
-    return _launch_unary(x, U_ELU, x.dtype, alpha)
+    return _launch_unary(x, "elu", x.dtype, alpha)
 
 
 def elu_backward(grad, out, x, alpha=1.0):
     """dx = g if x > 0 else g alpha exp(x)"""
-    return (_launch_unary_bwd(grad, x, None, U_ELU, alpha),)
+    return (_launch_unary_bwd(grad, x, None, "elu", alpha),)
 
 
 def cast_forward(x, dtype):
     """x converted to ``dtype`` (a NumPy dtype): floats round to nearest,
     floats to integers truncate toward zero, anything to bool is ``x != 0``."""
-    return _launch_unary(x, U_CAST, to_torch(dtype))
+    return _launch_unary(x, "cast", to_torch(dtype))
 
 
 def cast_backward(grad, out, x, dtype):
@@ -704,14 +734,14 @@ def cast_backward(grad, out, x, dtype):
     an integer/bool output)."""
     if x.dtype not in _FLOATS or grad.dtype not in _FLOATS:
         return (None,)
-    return (_launch_unary(grad, U_CAST, x.dtype),)
+    return (_launch_unary(grad, "cast", x.dtype),)
 
 
 # --- binary: forward and backward -------------------------------------------------------------
 
 def add_forward(a, b):
     """a + b (broadcasting)"""
-    return _launch_binary(a, b, B_ADD)
+    return _launch_binary(a, b, "add")
 
 
 def add_backward(grad, out, a, b):
@@ -723,43 +753,43 @@ def add_backward(grad, out, a, b):
 
 def sub_forward(a, b):
     """a - b"""
-    return _launch_binary(a, b, B_SUB)
+    return _launch_binary(a, b, "sub")
 
 
 def sub_backward(grad, out, a, b):
     """da = unbroadcast(g), db = -unbroadcast(g)"""
     if a.dtype not in _FLOATS:
         return None, None
-    return unbroadcast(grad, a.shape), _launch_unary(unbroadcast(grad, b.shape), U_NEG, b.dtype)
+    return unbroadcast(grad, a.shape), _launch_unary(unbroadcast(grad, b.shape), "neg", b.dtype)
 
 
 def mul_forward(a, b):
     """a * b"""
-    return _launch_binary(a, b, B_MUL)
+    return _launch_binary(a, b, "mul")
 
 
 def mul_backward(grad, out, a, b):
     """da = unbroadcast(g b), db = unbroadcast(g a)"""
     if a.dtype not in _FLOATS:
         return None, None
-    return _binary_bwd(_full_grad(grad, a, b), a, b, B_MUL, (a.shape, b.shape), a.dtype)
+    return _binary_bwd(_full_grad(grad, a, b), a, b, "mul", (a.shape, b.shape), a.dtype)
 
 
 def div_forward(a, b):
     """a / b"""
-    return _launch_binary(a, b, B_DIV)
+    return _launch_binary(a, b, "div")
 
 
 def div_backward(grad, out, a, b):
     """da = unbroadcast(g / b), db = unbroadcast(-g a / b^2)"""
     if a.dtype not in _FLOATS:
         return None, None
-    return _binary_bwd(_full_grad(grad, a, b), a, b, B_DIV, (a.shape, b.shape), a.dtype)
+    return _binary_bwd(_full_grad(grad, a, b), a, b, "div", (a.shape, b.shape), a.dtype)
 
 
 def pow_forward(a, b):
     """a ** b (both tensors)"""
-    return _launch_binary(a, b, B_POW)
+    return _launch_binary(a, b, "pow")
 
 
 def pow_backward(grad, out, a, b):
@@ -768,66 +798,66 @@ def pow_backward(grad, out, a, b):
     recomputed in float32 (float64), not read from ``out``, which may have overflowed"""
     if a.dtype not in _FLOATS:
         return None, None
-    return _binary_bwd(_full_grad(grad, a, b), a, b, B_POW, (a.shape, b.shape), a.dtype)
+    return _binary_bwd(_full_grad(grad, a, b), a, b, "pow", (a.shape, b.shape), a.dtype)
 
 
 def maximum_forward(a, b):
     """elementwise max(a, b), NaN-propagating"""
-    return _launch_binary(a, b, B_MAX)
+    return _launch_binary(a, b, "maximum")
 
 
 def maximum_backward(grad, out, a, b):
     """g goes to the larger input; on ties each gets g / 2 (torch)"""
     if a.dtype not in _FLOATS:
         return None, None
-    return _binary_bwd(_full_grad(grad, a, b), a, b, B_MAX, (a.shape, b.shape), a.dtype)
+    return _binary_bwd(_full_grad(grad, a, b), a, b, "maximum", (a.shape, b.shape), a.dtype)
 
 
 def minimum_forward(a, b):
     """elementwise min(a, b), NaN-propagating"""
-    return _launch_binary(a, b, B_MIN)
+    return _launch_binary(a, b, "minimum")
 
 
 def minimum_backward(grad, out, a, b):
     """g goes to the smaller input; on ties each gets g / 2 (torch)"""
     if a.dtype not in _FLOATS:
         return None, None
-    return _binary_bwd(_full_grad(grad, a, b), a, b, B_MIN, (a.shape, b.shape), a.dtype)
+    return _binary_bwd(_full_grad(grad, a, b), a, b, "minimum", (a.shape, b.shape), a.dtype)
 
 
 def eq_forward(a, b):
     """a == b (bool)"""
-    return _launch_binary(a, b, B_EQ)
+    return _launch_binary(a, b, "eq")
 
 
 def ne_forward(a, b):
     """a != b (bool)"""
-    return _launch_binary(a, b, B_NE)
+    return _launch_binary(a, b, "ne")
 
 
 def lt_forward(a, b):
     """a < b (bool)"""
-    return _launch_binary(a, b, B_LT)
+    return _launch_binary(a, b, "lt")
 
 
 def le_forward(a, b):
     """a <= b (bool)"""
-    return _launch_binary(a, b, B_LE)
+    return _launch_binary(a, b, "le")
 
 
 def gt_forward(a, b):
     """a > b (bool)"""
-    return _launch_binary(a, b, B_GT)
+    return _launch_binary(a, b, "gt")
 
 
 def ge_forward(a, b):
     """a >= b (bool)"""
-    return _launch_binary(a, b, B_GE)
+    return _launch_binary(a, b, "ge")
 
 
 def where_forward(cond, a, b):
     """cond ? a : b (broadcasting all three)"""
-    return _launch_binary(a, b, B_WHERE, cond=cond)
+    return _launch_binary(a, b, "where", cond=cond)
 
 
 def where_backward(grad, out, cond, a, b):
@@ -838,5 +868,5 @@ def where_backward(grad, out, cond, a, b):
     if tuple(grad.shape) != shape:
         raise ShapeError(f"gradient of shape {tuple(grad.shape)} does not match the output "
                          f"shape {shape}")
-    ga, gb = _binary_bwd(grad, cond, cond, B_WHERE, (a.shape, b.shape), a.dtype)
+    ga, gb = _binary_bwd(grad, cond, cond, "where", (a.shape, b.shape), a.dtype)
     return None, ga, gb

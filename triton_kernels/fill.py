@@ -20,7 +20,7 @@ import triton.language as tl
 from triflux.dtypes import to_torch
 from triflux.reference.fill import below_one, check_seed, check_shape, random_dtype
 
-from . import common
+from . import copy, launch
 
 #: added to every normal draw's counter: bit 62 of the 64-bit Philox counter,
 #: far above any element index
@@ -32,12 +32,12 @@ def torch_device(device):
     or already a torch device / string). ``None``: the default GPU, or the
     CPU when the Triton interpreter serves the kernels."""
     if device is None:
-        return "cpu" if common.INTERPRET else "cuda"
+        return "cpu" if launch.INTERPRET else "cuda"
     return getattr(device, "torch_device", device)
 
 
 def fill_forward(*, shape, value, dtype, device=None):
-    return common.full(check_shape(shape), value, to_torch(dtype), torch_device(device))
+    return copy.full(check_shape(shape), value, to_torch(dtype), torch_device(device))
 
 
 @triton.jit
@@ -49,49 +49,54 @@ def _uniform53(a, b):
 
 
 @triton.jit(do_not_specialize=["seed"])
-def _rand_uniform_kernel(out, n, seed, TOP: tl.constexpr, BLOCK: tl.constexpr):
-    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = lin < n
-    if out.dtype.element_ty == tl.float64:
-        a, b, _, _ = tl.randint4x(seed, lin)
+def _rand_uniform_kernel(output_pointer, n_elements, seed,
+                         BELOW_ONE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """output[i] uniform on [0, 1) from Philox counter i; ``BELOW_ONE`` is the
+    largest value below 1 of a 16-bit or float32 output."""
+    index = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = index < n_elements
+    if output_pointer.dtype.element_ty == tl.float64:
+        a, b, _, _ = tl.randint4x(seed, index)
         u = _uniform53(a, b)
-        tl.store(out + lin, u, mask=mask)
+        tl.store(output_pointer + index, u, mask=mask)
     else:
-        u = tl.minimum(tl.rand(seed, lin), TOP)  # float32 in [0, TOP]
-        tl.store(out + lin, u.to(out.dtype.element_ty), mask=mask)
+        u = tl.minimum(tl.rand(seed, index), BELOW_ONE)  # float32 in [0, BELOW_ONE]
+        tl.store(output_pointer + index, u.to(output_pointer.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["seed"])
-def _rand_normal_kernel(out, n, seed, STREAM: tl.constexpr, BLOCK: tl.constexpr):
-    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = lin < n
-    counter = lin + STREAM
-    if out.dtype.element_ty == tl.float64:
+def _rand_normal_kernel(output_pointer, n_elements, seed,
+                        STREAM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """output[i] standard normal from Philox counter i + ``STREAM``."""
+    index = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = index < n_elements
+    counter = index + STREAM
+    if output_pointer.dtype.element_ty == tl.float64:
         a, b, c, d = tl.randint4x(seed, counter)
         u1 = 1.0 - _uniform53(a, b)  # (0, 1]: its log is finite
         u2 = _uniform53(c, d)
         r = tl.sqrt(-2.0 * tl.log(u1))
         z = r * tl.cos(6.283185307179586 * u2)
-        tl.store(out + lin, z, mask=mask)
+        tl.store(output_pointer + index, z, mask=mask)
     else:
         z = tl.randn(seed, counter)  # float32, Box-Muller inside
-        tl.store(out + lin, z.to(out.dtype.element_ty), mask=mask)
+        tl.store(output_pointer + index, z.to(output_pointer.dtype.element_ty), mask=mask)
 
 
 def _random(kernel, shape, dtype, seed, device, **meta):
     d = random_dtype(dtype)
-    out = common.empty(check_shape(shape), to_torch(d), torch_device(device))
+    out = launch.empty(check_shape(shape), to_torch(d), torch_device(device))
     n = out.numel()
     if n:
-        block = common.block_for(n)
-        common.launch(kernel, (common.cdiv(n, block),), out, n, check_seed(seed),
-                      BLOCK=block, **meta)
+        block = launch.block_for(n)
+        launch.launch(kernel, (launch.cdiv(n, block),), out, n, check_seed(seed),
+                      BLOCK_SIZE=block, **meta)
     return out
 
 
 def rand_uniform_forward(*, shape, dtype, seed, device=None):
     return _random(_rand_uniform_kernel, shape, dtype, seed, device,
-                   TOP=float(below_one(random_dtype(dtype))))
+                   BELOW_ONE=float(below_one(random_dtype(dtype))))
 
 
 def rand_normal_forward(*, shape, dtype, seed, device=None):

@@ -7,8 +7,9 @@ The backward pass calls the same kernel on transposed *views*
 (``dA = G @ B^T``, ``dB = A^T @ G``) and sums broadcast batch axes away with
 ``unbroadcast``.
 
-Accumulation is always in float32 (float64 for float64). float32 dots use
-``input_precision="ieee"`` (never TF32), so the GPU and the interpreter agree;
+The products are ``numerics.dot``'s, accumulated in float32 (float64 for
+float64). float32 dots use ``input_precision="ieee"`` (never TF32), so the GPU
+and the interpreter agree;
 float16/bfloat16 feed ``tl.dot`` natively on the GPU and are upcast to
 float32 first in the interpreter (whose bfloat16 dot is broken); float64 has
 no ``tl.dot`` and uses an explicit multiply-and-sum over the K tile.
@@ -17,115 +18,99 @@ import torch
 import triton
 import triton.language as tl
 
-from . import common
-from .common import store_value
+from . import copy, indexing, launch, numerics
+from .numerics import store_value
 from .reduce import unbroadcast
-from ..errors import DTypeError, ShapeError
-
-# dot flavours (constexpr)
-_DOT_NATIVE = 0   # float16 / bfloat16 on the GPU: tl.dot, float32 accumulator
-_DOT_F32 = 1      # float32 (or half upcast in the interpreter): ieee tl.dot
-_DOT_F64 = 2      # float64: tl.sum of the outer products
+from ..errors import DTypeError
+from ..specs.matmul import matmul_spec
 
 
 @triton.jit
-def _matmul_kernel(a, b, c, M, N, K, NB,
-                   D1, D2, D3, D4, D5,
-                   A0, A1, A2, A3, A4, A5,
-                   B0, B1, B2, B3, B4, B5,
-                   C0, C1, C2, C3, C4, C5,
-                   sam, sak, sbk, sbn, scm, scn,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BB: tl.constexpr,
-                   GROUP_M: tl.constexpr, DOT: tl.constexpr, INTERP: tl.constexpr):
-    """C[i] = A[i] @ B[i] for the NB batch items i (row-major over the batch
-    axes D0..D5; A0..A5 etc. are each operand's batch strides, 0 where it
-    broadcasts). One program computes one BM x BN output tile of BB batch
-    items: BB is 1 on the GPU (2-d tiles, tl.dot) and larger in the
+def _matmul_kernel(a, b, c, M, N, K, batch_size,
+                   batch_size1, batch_size2, batch_size3, batch_size4, batch_size5,
+                   a_batch_stride0, a_batch_stride1, a_batch_stride2,
+                   a_batch_stride3, a_batch_stride4, a_batch_stride5,
+                   b_batch_stride0, b_batch_stride1, b_batch_stride2,
+                   b_batch_stride3, b_batch_stride4, b_batch_stride5,
+                   c_batch_stride0, c_batch_stride1, c_batch_stride2,
+                   c_batch_stride3, c_batch_stride4, c_batch_stride5,
+                   a_stride_m, a_stride_k, b_stride_k, b_stride_n, c_stride_m, c_stride_n,
+                   BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                   BLOCK_SIZE_BATCH: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
+                   DOT: tl.constexpr, INTERP: tl.constexpr):
+    """C[i] = A[i] @ B[i] for the ``batch_size`` batch items i (row-major over
+    up to six merged batch axes of sizes (batch_size0, ..., batch_size5);
+    each operand's batch strides are 0 where it broadcasts). One program
+    computes one BLOCK_SIZE_M x BLOCK_SIZE_N output tile of BLOCK_SIZE_BATCH
+    batch items: one on the GPU (2-d tiles, tl.dot) and more in the
     interpreter, which pays per program (3-d tiles, batched tl.dot)."""
     pid = tl.program_id(0).to(tl.int64)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    tiles = num_m * num_n
-    t = pid % tiles
-    # grouped ordering: GROUP_M tile rows sweep the columns together (L2 reuse)
-    in_group = GROUP_M * num_n
-    first_m = (t // in_group) * GROUP_M
-    group_m = tl.minimum(num_m - first_m, GROUP_M)
-    pm = first_m + (t % in_group) % group_m
-    pn = (t % in_group) // group_m
+    num_tiles_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_tiles_n = tl.cdiv(N, BLOCK_SIZE_N)
+    tiles = num_tiles_m * num_tiles_n
+    tile = pid % tiles
+    # grouped ordering: GROUP_SIZE_M tile rows sweep the columns together (L2 reuse)
+    tiles_in_group = GROUP_SIZE_M * num_tiles_n
+    first_tile_m = (tile // tiles_in_group) * GROUP_SIZE_M
+    group_size_m = tl.minimum(num_tiles_m - first_tile_m, GROUP_SIZE_M)
+    tile_m = first_tile_m + (tile % tiles_in_group) % group_size_m
+    tile_n = (tile % tiles_in_group) // group_size_m
 
-    bi = (pid // tiles) * BB + tl.arange(0, BB)          # batch items, [BB]
-    bmask = bi < NB
-    bi = tl.minimum(bi, NB - 1)                           # past the end: reread the last
-    a_b = common.nd_offset(bi, D1, D2, D3, D4, D5, A0, A1, A2, A3, A4, A5)
-    b_b = common.nd_offset(bi, D1, D2, D3, D4, D5, B0, B1, B2, B3, B4, B5)
-    c_b = common.nd_offset(bi, D1, D2, D3, D4, D5, C0, C1, C2, C3, C4, C5)
+    items = (pid // tiles) * BLOCK_SIZE_BATCH + tl.arange(0, BLOCK_SIZE_BATCH)
+    items_mask = items < batch_size
+    items = tl.minimum(items, batch_size - 1)                  # past the end: reread the last
+    a_item = indexing.nd_offset(items, batch_size1, batch_size2, batch_size3, batch_size4, batch_size5,
+                                a_batch_stride0, a_batch_stride1, a_batch_stride2,
+                                a_batch_stride3, a_batch_stride4, a_batch_stride5)
+    b_item = indexing.nd_offset(items, batch_size1, batch_size2, batch_size3, batch_size4, batch_size5,
+                                b_batch_stride0, b_batch_stride1, b_batch_stride2,
+                                b_batch_stride3, b_batch_stride4, b_batch_stride5)
+    c_item = indexing.nd_offset(items, batch_size1, batch_size2, batch_size3, batch_size4, batch_size5,
+                                c_batch_stride0, c_batch_stride1, c_batch_stride2,
+                                c_batch_stride3, c_batch_stride4, c_batch_stride5)
 
-    rm = pm * BM + tl.arange(0, BM)
-    rn = pn * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    if DOT == 2:
-        acc_ty = tl.float64
+    rows = tile_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    cols = tile_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    inner = tl.arange(0, BLOCK_SIZE_K)
+    if DOT == numerics.DOT_FP64:
+        acc_type = tl.float64
     else:
-        acc_ty = tl.float32
+        acc_type = tl.float32
 
-    if BB == 1:
+    if BLOCK_SIZE_BATCH == 1:
         # masked edges (a modulo would hide the contiguity of the rows from
         # the compiler and cost vectorised loads)
-        a_ptrs = a + a_b[:, None] + rm[:, None] * sam + rk[None, :] * sak
-        b_ptrs = b + b_b[:, None] + rk[:, None] * sbk + rn[None, :] * sbn
-        mmask = (rm < M)[:, None]
-        nmask = (rn < N)[None, :]
-        acc = tl.zeros((BM, BN), dtype=acc_ty)
-        for k in range(0, K, BK):
-            kmask = rk < K - k
-            av = tl.load(a_ptrs, mask=mmask & kmask[None, :], other=0.0)
-            bv = tl.load(b_ptrs, mask=kmask[:, None] & nmask, other=0.0)
-            if DOT == 2:
-                acc += tl.sum(av.to(tl.float64)[:, :, None] * bv.to(tl.float64)[None, :, :], axis=1)
-            elif DOT == 1:
-                acc = tl.dot(av.to(tl.float32), bv.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(av, bv, acc, out_dtype=tl.float32)
-            a_ptrs += BK * sak
-            b_ptrs += BK * sbk
-        c_ptrs = c + c_b[:, None] + rm[:, None] * scm + rn[None, :] * scn
-        cmask = bmask[:, None] & mmask & nmask
+        a_ptrs = a + a_item[:, None] + rows[:, None] * a_stride_m + inner[None, :] * a_stride_k
+        b_ptrs = b + b_item[:, None] + inner[:, None] * b_stride_k + cols[None, :] * b_stride_n
+        rows_mask = (rows < M)[:, None]
+        cols_mask = (cols < N)[None, :]
+        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=acc_type)
+        for k in range(0, K, BLOCK_SIZE_K):
+            inner_mask = inner < K - k
+            a_block = tl.load(a_ptrs, mask=rows_mask & inner_mask[None, :], other=0.0)
+            b_block = tl.load(b_ptrs, mask=inner_mask[:, None] & cols_mask, other=0.0)
+            acc = numerics.dot(acc, a_block, b_block, DOT)
+            a_ptrs += BLOCK_SIZE_K * a_stride_k
+            b_ptrs += BLOCK_SIZE_K * b_stride_k
+        c_ptrs = c + c_item[:, None] + rows[:, None] * c_stride_m + cols[None, :] * c_stride_n
+        c_mask = items_mask[:, None] & rows_mask & cols_mask
     else:
         # rows/columns past the edge read a valid row/column again (never stored)
-        am = (rm % M) * sam
-        bn = (rn % N) * sbn
-        a_ptrs = a + a_b[:, None, None] + am[None, :, None] + rk[None, None, :] * sak
-        b_ptrs = b + b_b[:, None, None] + rk[None, :, None] * sbk + bn[None, None, :]
-        acc = tl.zeros((BB, BM, BN), dtype=acc_ty)
-        for k in range(0, K, BK):
-            kmask = rk < K - k
-            av = tl.load(a_ptrs, mask=kmask[None, None, :], other=0.0)
-            bv = tl.load(b_ptrs, mask=kmask[None, :, None], other=0.0)
-            if DOT == 2:
-                acc += tl.sum(av.to(tl.float64)[:, :, :, None] * bv.to(tl.float64)[:, None, :, :],
-                              axis=2)
-            elif DOT == 1:
-                acc = tl.dot(av.to(tl.float32), bv.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(av, bv, acc, out_dtype=tl.float32)
-            a_ptrs += BK * sak
-            b_ptrs += BK * sbk
-        c_ptrs = c + c_b[:, None, None] + rm[None, :, None] * scm + rn[None, None, :] * scn
-        cmask = bmask[:, None, None] & (rm < M)[None, :, None] & (rn < N)[None, None, :]
-    tl.store(c_ptrs, store_value(acc, c.dtype.element_ty, INTERP), mask=cmask)
-
-
-def _broadcast_batch(sa, sb):
-    nd = max(len(sa), len(sb))
-    sa = (1,) * (nd - len(sa)) + tuple(sa)
-    sb = (1,) * (nd - len(sb)) + tuple(sb)
-    out = []
-    for x, y in zip(sa, sb):
-        if x != y and x != 1 and y != 1:
-            return None
-        out.append(y if x == 1 else x)
-    return tuple(out)
+        a_rows = (rows % M) * a_stride_m
+        b_cols = (cols % N) * b_stride_n
+        a_ptrs = a + a_item[:, None, None] + a_rows[None, :, None] + inner[None, None, :] * a_stride_k
+        b_ptrs = b + b_item[:, None, None] + inner[None, :, None] * b_stride_k + b_cols[None, None, :]
+        acc = tl.zeros((BLOCK_SIZE_BATCH, BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=acc_type)
+        for k in range(0, K, BLOCK_SIZE_K):
+            inner_mask = inner < K - k
+            a_block = tl.load(a_ptrs, mask=inner_mask[None, None, :], other=0.0)
+            b_block = tl.load(b_ptrs, mask=inner_mask[None, :, None], other=0.0)
+            acc = numerics.dot(acc, a_block, b_block, DOT)
+            a_ptrs += BLOCK_SIZE_K * a_stride_k
+            b_ptrs += BLOCK_SIZE_K * b_stride_k
+        c_ptrs = c + c_item[:, None, None] + rows[None, :, None] * c_stride_m + cols[None, None, :] * c_stride_n
+        c_mask = items_mask[:, None, None] & (rows < M)[None, :, None] & (cols < N)[None, None, :]
+    tl.store(c_ptrs, store_value(acc, c.dtype.element_ty, INTERP), mask=c_mask)
 
 
 def _batch_strides(t, batch):
@@ -140,14 +125,15 @@ def _batch_strides(t, batch):
 
 
 def _tiles(nbatch, M, N, K, dtype):
-    """(BB, BM, BN, BK, num_warps) by hand: no autotuning (it would run every
-    config in the interpreter). The interpreter pays ~1 ms per program and
-    little per element, so there one program takes tiles as big as the
-    problem allows (bounded) and several batch items at once."""
-    p2 = common.next_pow2
-    if common.INTERPRET:
+    """(BLOCK_SIZE_BATCH, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, num_warps)
+    by hand: no autotuning (it would run every config in the interpreter). The
+    interpreter pays ~1 ms per program and little per element, so there one
+    program takes tiles as big as the problem allows (bounded) and several
+    batch items at once."""
+    p2 = launch.next_pow2
+    if launch.INTERPRET:
         bm, bn = min(p2(M), 128), min(p2(N), 128)
-        # float64 materialises the BM x BK x BN products: keep them small
+        # float64 materialises the BLOCK_SIZE_M x BLOCK_SIZE_K x BLOCK_SIZE_N products: keep them small
         cap = (1 << 18) if dtype == torch.float64 else (1 << 21)
         bk = max(1, min(p2(K), 128, cap // (bm * bn)))
         bb = max(1, min(p2(nbatch), cap // (bm * bn * bk), (1 << 16) // (bm * max(bn, bk))))
@@ -155,25 +141,6 @@ def _tiles(nbatch, M, N, K, dtype):
     if dtype == torch.float64:
         return 1, 32, 32, 8, 4
     return 1, 64, 64, 32, 4
-
-
-def _dot_kind(dtype):
-    if dtype == torch.float64:
-        return _DOT_F64
-    if dtype == torch.float32 or common.INTERPRET:
-        return _DOT_F32
-    return _DOT_NATIVE
-
-
-def _check(a, b):
-    if a.dim() == 0 or b.dim() == 0:
-        raise ShapeError(f"matmul needs tensors of at least one dimension, got shapes "
-                         f"{tuple(a.shape)} and {tuple(b.shape)}; use `*` to scale by a scalar")
-    if a.dtype != b.dtype:
-        raise DTypeError(f"matmul of {a.dtype} and {b.dtype}: convert one of them first "
-                         "(e.g. `f32(x)`) so both have the same dtype")
-    if not a.dtype.is_floating_point:
-        raise DTypeError(f"matmul on the GPU needs floating inputs, got {a.dtype}")
 
 
 def _fold_batch(a, b):
@@ -191,59 +158,47 @@ def _fold_batch(a, b):
     return a2
 
 
-def _mm(a, b, out_dtype=None):
+def matrix_product(a, b, out_dtype=None):
     """``a @ b`` for ``a`` of shape ``(..., M, K)``, ``b`` of shape ``(..., K, N)``
-    (at least 2-d each, any strides): a new dense ``(batch..., M, N)`` tensor,
-    in ``a``'s dtype or ``out_dtype``."""
+    (at least 2-d each, one dtype, any strides): a new dense
+    ``(batch..., M, N)`` tensor, in ``a``'s dtype or ``out_dtype``."""
     out_dtype = a.dtype if out_dtype is None else out_dtype
-    M, K = a.shape[-2], a.shape[-1]
-    K2, N = b.shape[-2], b.shape[-1]
-    if K != K2:
-        raise ShapeError(f"matmul of shapes {tuple(a.shape)} and {tuple(b.shape)}: the inner "
-                         f"sizes differ ({K} != {K2})")
-    batch = _broadcast_batch(a.shape[:-2], b.shape[:-2])
-    if batch is None:
-        raise ShapeError(f"matmul of shapes {tuple(a.shape)} and {tuple(b.shape)}: the batch "
-                         f"axes {tuple(a.shape[:-2])} and {tuple(b.shape[:-2])} do not broadcast")
-    out_shape = batch + (M, N)
+    spec = matmul_spec(a.shape, b.shape, a.dtype, b.dtype)
     folded = _fold_batch(a, b)
     if folded is not None:
-        return _mm(folded, b, out_dtype).view(out_shape)
-    nbatch = 1
-    for s in batch:
-        nbatch *= s
-    if nbatch == 0 or M == 0 or N == 0:
-        return common.empty(out_shape, out_dtype, a.device)
+        return matrix_product(folded, b, out_dtype).view(spec.out_shape)
+    batch, M, K, N = spec.batch, spec.m, spec.k, spec.n
+    if spec.batch_size == 0 or M == 0 or N == 0:
+        return launch.empty(spec.out_shape, out_dtype, a.device)
     if K == 0:
-        return common.full(out_shape, 0.0, out_dtype, a.device)
-    c = common.empty(out_shape, out_dtype, a.device)
-    dims, (sa, sb, sc) = common.merge_dims(
+        return copy.full(spec.out_shape, 0.0, out_dtype, a.device)
+    c = launch.empty(spec.out_shape, out_dtype, a.device)
+    dims, (a_strides, b_strides, c_strides) = indexing.merge_dims(
         batch, _batch_strides(a, batch), _batch_strides(b, batch), list(c.stride()[:-2]))
-    bb, bm, bn, bk, warps = _tiles(nbatch, M, N, K, a.dtype)
-    grid = (common.cdiv(nbatch, bb) * common.cdiv(M, bm) * common.cdiv(N, bn),)
-    common.launch(_matmul_kernel, grid, a, b, c, M, N, K, nbatch, *dims[1:], *sa, *sb, *sc,
-                  a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1),
-                  c.stride(-2), c.stride(-1),
-                  BM=bm, BN=bn, BK=bk, BB=bb, GROUP_M=8, DOT=_dot_kind(a.dtype), INTERP=common.INTERPRET,
-                  num_warps=warps)
+    bb, bm, bn, bk, warps = _tiles(spec.batch_size, M, N, K, a.dtype)
+    grid = (launch.cdiv(spec.batch_size, bb) * launch.cdiv(M, bm) * launch.cdiv(N, bn),)
+    launch.launch(_matmul_kernel, grid, a, b, c, M, N, K, spec.batch_size, *dims[1:],
+                  *a_strides, *b_strides, *c_strides,
+                  a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1), c.stride(-2), c.stride(-1),
+                  BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, BLOCK_SIZE_BATCH=bb, GROUP_SIZE_M=8,
+                  DOT=numerics.dot_kind(a.dtype), INTERP=launch.INTERPRET, num_warps=warps)
     return c
+
+
+def _check_floating(a):
+    if not a.dtype.is_floating_point:
+        raise DTypeError(f"matmul on the GPU needs floating inputs, got {a.dtype}")
 
 
 def matmul_forward(a, b):
     """C = A @ B with NumPy's ``matmul`` semantics (see the reference).
 
-    Vectors are promoted by metadata-only views (``unsqueeze``) and the
-    promoted axis dropped from the (dense) result by a view.
+    Vectors are promoted by metadata-only views and the promoted axes
+    dropped from the (dense) result by a view.
     """
-    _check(a, b)
-    a2 = a.unsqueeze(0) if a.dim() == 1 else a
-    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
-    c = _mm(a2, b2)
-    if a.dim() == 1:
-        c = c.squeeze(-2)
-    if b.dim() == 1:
-        c = c.squeeze(-1)
-    return c
+    spec = matmul_spec(a.shape, b.shape, a.dtype, b.dtype)
+    _check_floating(a)
+    return matrix_product(a.view(spec.a_matrix), b.view(spec.b_matrix)).view(spec.out_shape)
 
 
 def _summed_grad(x, y, shape):
@@ -251,10 +206,10 @@ def _summed_grad(x, y, shape):
     needed, the product is kept in float32 for float16/bfloat16 so that the
     result is rounded once, after the sum."""
     wide = None
-    summed = _broadcast_batch(x.shape[:-2], y.shape[:-2]) != tuple(shape[:-2])
+    summed = matmul_spec(x.shape, y.shape, x.dtype, y.dtype).batch != tuple(shape[:-2])
     if summed and x.dtype in (torch.float16, torch.bfloat16):
         wide = torch.float32
-    p = _mm(x, y, out_dtype=wide)
+    p = matrix_product(x, y, out_dtype=wide)
     return unbroadcast(p, tuple(shape), dtype=None if wide is None else x.dtype)
 
 
@@ -264,13 +219,10 @@ def matmul_backward(grad, out, a, b, needs=(True, True)):
     ``needs`` says which of (dA, dB) to compute; the other is ``None``. A
     transposed matrix operand (Dense's ``weight.T``) gets its gradient in its
     own memory layout, so optimiser updates read dense memory."""
-    a2 = a.unsqueeze(0) if a.dim() == 1 else a            # (..., M, K)
-    b2 = b.unsqueeze(-1) if b.dim() == 1 else b           # (..., K, N)
-    g2 = grad
-    if a.dim() == 1:
-        g2 = g2.unsqueeze(g2.dim() - (0 if b.dim() == 1 else 1))
-    if b.dim() == 1:
-        g2 = g2.unsqueeze(-1)                             # (batch..., M, N)
+    spec = matmul_spec(a.shape, b.shape, a.dtype, b.dtype)
+    a2 = a.view(spec.a_matrix)                            # (..., M, K)
+    b2 = b.view(spec.b_matrix)                            # (..., K, N)
+    g2 = grad.view(spec.out_matrix)                       # (batch..., M, N)
 
     da = _summed_grad(g2, b2.transpose(-1, -2), a2.shape).view(a.shape) if needs[0] else None
     if not needs[1]:
@@ -279,7 +231,7 @@ def matmul_backward(grad, out, a, b, needs=(True, True)):
     db = None
     transposed_b = b2.dim() == 2 and b2.stride(0) == 1 and b2.stride(1) != 1
     if b2.dim() == 2 and a2.dim() == 2 and transposed_b:
-        db = _mm(g2.transpose(0, 1), a2).transpose(0, 1)     # (G^T A)^T: b's layout
+        db = matrix_product(g2.transpose(0, 1), a2).transpose(0, 1)     # (G^T A)^T: b's layout
     elif b2.dim() == 2 and a2.dim() > 2:
         # dB = sum over the batch of A_i^T G_i: one product with the batch
         # folded into the contraction (K' = batch * M), when views allow it
@@ -289,7 +241,8 @@ def matmul_backward(grad, out, a, b, needs=(True, True)):
         try:
             af = a2.view(rows, a2.shape[-1])
             gf = g2.view(rows, g2.shape[-1])
-            db = _mm(gf.transpose(0, 1), af).transpose(0, 1) if transposed_b else _mm(af.transpose(0, 1), gf)
+            db = (matrix_product(gf.transpose(0, 1), af).transpose(0, 1) if transposed_b
+                  else matrix_product(af.transpose(0, 1), gf))
         except RuntimeError:
             db = None
     if db is None:

@@ -14,154 +14,162 @@ float32, so each scalar travels as a pair ``hi + lo`` of float32 numbers whose
 float64 sum is the value to ~1e-15; float32 kernels use ``hi`` alone. The
 bias corrections ``1 - beta^t`` are computed here, in float64.
 """
-import numpy as np
+import torch
 import triton
 import triton.language as tl
 
 from triflux.errors import DeviceMismatchError, DTypeError, ShapeError
-from triflux.reference.optimise import _check_step
+from triflux.reference.optimise import check_step
 
-from . import common
-
-
-def _split(value):
-    """``value`` as two float32 numbers ``(hi, lo)`` with ``hi + lo ~ value``."""
-    hi = float(np.float32(value))
-    return hi, float(np.float32(float(value) - hi))
+from . import indexing, launch, numerics
+from .numerics import from_float32_pair
 
 
 @triton.jit
-def _scalar(hi, lo, CT: tl.constexpr):
-    """The hyperparameter ``hi + lo`` in the compute type."""
-    if CT == tl.float64:
-        return tl.cast(hi, tl.float64) + tl.cast(lo, tl.float64)
-    else:
-        return tl.cast(hi, tl.float32)
-
-
-@triton.jit
-def _offsets(lin, DENSE: tl.constexpr, D1, D2, D3, D4, D5, S0, S1, S2, S3, S4, S5):
-    """Element offset of linear index ``lin`` in one tensor."""
-    if DENSE:
-        return lin
-    else:
-        return common.nd_offset(lin, D1, D2, D3, D4, D5, S0, S1, S2, S3, S4, S5)
-
-
-@triton.jit
-def _store(ptr, offs, value, mask):
+def _store(pointer, offset, value, mask):
     """Store a compute-typed value, going through float32 on the way to a
     16-bit type (the interpreter cannot convert float64 to bfloat16)."""
-    ty = ptr.dtype.element_ty
-    if ty != tl.float64 and value.dtype == tl.float64:
+    element_type = pointer.dtype.element_ty
+    if element_type != tl.float64 and value.dtype == tl.float64:
         value = value.to(tl.float32)
-    tl.store(ptr + offs, value.to(ty), mask=mask)
+    tl.store(pointer + offset, value.to(element_type), mask=mask)
 
 
 # --- descent ---------------------------------------------------------------------------------
 
 @triton.jit
-def _descent_kernel(x, g, n, D1, D2, D3, D4, D5,
-                    X0, X1, X2, X3, X4, X5, G0, G1, G2, G3, G4, G5,
+def _descent_kernel(x_pointer, grad_pointer, n_elements, size1, size2, size3, size4, size5,
+                    x_stride0, x_stride1, x_stride2, x_stride3, x_stride4, x_stride5,
+                    grad_stride0, grad_stride1, grad_stride2, grad_stride3, grad_stride4, grad_stride5,
                     eta_hi, eta_lo,
-                    CT: tl.constexpr, DENSE: tl.constexpr, BLOCK: tl.constexpr):
-    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = lin < n
-    xo = _offsets(lin, DENSE, D1, D2, D3, D4, D5, X0, X1, X2, X3, X4, X5)
-    go = _offsets(lin, DENSE, D1, D2, D3, D4, D5, G0, G1, G2, G3, G4, G5)
-    xv = tl.load(x + xo, mask=mask).to(CT)
-    gv = tl.load(g + go, mask=mask).to(CT)
-    eta = _scalar(eta_hi, eta_lo, CT)
-    _store(x, xo, xv - eta * gv, mask)
+                    COMPUTE_TYPE: tl.constexpr, DENSE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    index = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = index < n_elements
+    x_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, x_stride0, x_stride1,
+                                  x_stride2, x_stride3, x_stride4, x_stride5, DENSE=DENSE)
+    grad_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, grad_stride0,
+                                     grad_stride1, grad_stride2, grad_stride3, grad_stride4,
+                                     grad_stride5, DENSE=DENSE)
+    x = tl.load(x_pointer + x_offset, mask=mask).to(COMPUTE_TYPE)
+    g = tl.load(grad_pointer + grad_offset, mask=mask).to(COMPUTE_TYPE)
+    eta = from_float32_pair(eta_hi, eta_lo, COMPUTE_TYPE)
+    _store(x_pointer, x_offset, x - eta * g, mask)
 
 
 # --- momentum and nesterov -------------------------------------------------------------------
 
 @triton.jit
-def _momentum_kernel(x, g, v, n, D1, D2, D3, D4, D5,
-                     X0, X1, X2, X3, X4, X5, G0, G1, G2, G3, G4, G5,
-                     V0, V1, V2, V3, V4, V5,
+def _momentum_kernel(x_pointer, grad_pointer, velocity_pointer, n_elements,
+                     size1, size2, size3, size4, size5,
+                     x_stride0, x_stride1, x_stride2, x_stride3, x_stride4, x_stride5,
+                     grad_stride0, grad_stride1, grad_stride2, grad_stride3, grad_stride4, grad_stride5,
+                     velocity_stride0, velocity_stride1, velocity_stride2, velocity_stride3,
+                     velocity_stride4, velocity_stride5,
                      eta_hi, eta_lo, rho_hi, rho_lo,
-                     NESTEROV: tl.constexpr, CT: tl.constexpr, DENSE: tl.constexpr,
-                     BLOCK: tl.constexpr):
-    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = lin < n
-    xo = _offsets(lin, DENSE, D1, D2, D3, D4, D5, X0, X1, X2, X3, X4, X5)
-    go = _offsets(lin, DENSE, D1, D2, D3, D4, D5, G0, G1, G2, G3, G4, G5)
-    vo = _offsets(lin, DENSE, D1, D2, D3, D4, D5, V0, V1, V2, V3, V4, V5)
-    xv = tl.load(x + xo, mask=mask).to(CT)
-    gv = tl.load(g + go, mask=mask).to(CT)
-    vv = tl.load(v + vo, mask=mask).to(CT)
-    eta = _scalar(eta_hi, eta_lo, CT)
-    rho = _scalar(rho_hi, rho_lo, CT)
+                     NESTEROV: tl.constexpr, COMPUTE_TYPE: tl.constexpr, DENSE: tl.constexpr,
+                     BLOCK_SIZE: tl.constexpr):
+    index = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = index < n_elements
+    x_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, x_stride0, x_stride1,
+                                  x_stride2, x_stride3, x_stride4, x_stride5, DENSE=DENSE)
+    grad_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, grad_stride0,
+                                     grad_stride1, grad_stride2, grad_stride3, grad_stride4,
+                                     grad_stride5, DENSE=DENSE)
+    velocity_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, velocity_stride0,
+                                         velocity_stride1, velocity_stride2, velocity_stride3,
+                                         velocity_stride4, velocity_stride5, DENSE=DENSE)
+    x = tl.load(x_pointer + x_offset, mask=mask).to(COMPUTE_TYPE)
+    g = tl.load(grad_pointer + grad_offset, mask=mask).to(COMPUTE_TYPE)
+    v = tl.load(velocity_pointer + velocity_offset, mask=mask).to(COMPUTE_TYPE)
+    eta = from_float32_pair(eta_hi, eta_lo, COMPUTE_TYPE)
+    rho = from_float32_pair(rho_hi, rho_lo, COMPUTE_TYPE)
     if NESTEROV:
-        d = -(rho * rho) * vv + (1 + rho) * eta * gv  # uses the old velocity
-        vv = rho * vv - eta * gv
+        d = -(rho * rho) * v + (1 + rho) * eta * g  # uses the old velocity
+        v = rho * v - eta * g
     else:
-        vv = rho * vv + eta * gv
-        d = vv
-    _store(v, vo, vv, mask)
-    _store(x, xo, xv - d, mask)
+        v = rho * v + eta * g
+        d = v
+    _store(velocity_pointer, velocity_offset, v, mask)
+    _store(x_pointer, x_offset, x - d, mask)
 
 
 # --- adam and adamw --------------------------------------------------------------------------
 
 @triton.jit
-def _adam_kernel(x, g, m, v, n, D1, D2, D3, D4, D5,
-                 X0, X1, X2, X3, X4, X5, G0, G1, G2, G3, G4, G5,
-                 M0, M1, M2, M3, M4, M5, V0, V1, V2, V3, V4, V5,
-                 eta_hi, eta_lo, b1_hi, b1_lo, b2_hi, b2_lo, eps_hi, eps_lo,
-                 bc1_hi, bc1_lo, bc2_hi, bc2_lo, lam_hi, lam_lo,
-                 DECAY: tl.constexpr, CT: tl.constexpr, DENSE: tl.constexpr,
-                 BLOCK: tl.constexpr):
-    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = lin < n
-    xo = _offsets(lin, DENSE, D1, D2, D3, D4, D5, X0, X1, X2, X3, X4, X5)
-    go = _offsets(lin, DENSE, D1, D2, D3, D4, D5, G0, G1, G2, G3, G4, G5)
-    mo = _offsets(lin, DENSE, D1, D2, D3, D4, D5, M0, M1, M2, M3, M4, M5)
-    vo = _offsets(lin, DENSE, D1, D2, D3, D4, D5, V0, V1, V2, V3, V4, V5)
-    xv = tl.load(x + xo, mask=mask).to(CT)
-    gv = tl.load(g + go, mask=mask).to(CT)
-    mv = tl.load(m + mo, mask=mask).to(CT)
-    vv = tl.load(v + vo, mask=mask).to(CT)
-    eta = _scalar(eta_hi, eta_lo, CT)
-    b1 = _scalar(b1_hi, b1_lo, CT)
-    b2 = _scalar(b2_hi, b2_lo, CT)
-    eps = _scalar(eps_hi, eps_lo, CT)
-    bc1 = _scalar(bc1_hi, bc1_lo, CT)  # 1 - beta1^t
-    bc2 = _scalar(bc2_hi, bc2_lo, CT)  # 1 - beta2^t
-    mv = b1 * mv + (1 - b1) * gv
-    vv = b2 * vv + (1 - b2) * gv * gv
-    d = (mv / bc1) / (tl.sqrt(vv / bc2) + eps)
+def _adam_kernel(x_pointer, grad_pointer, m_pointer, v_pointer, n_elements,
+                 size1, size2, size3, size4, size5,
+                 x_stride0, x_stride1, x_stride2, x_stride3, x_stride4, x_stride5,
+                 grad_stride0, grad_stride1, grad_stride2, grad_stride3, grad_stride4, grad_stride5,
+                 m_stride0, m_stride1, m_stride2, m_stride3, m_stride4, m_stride5,
+                 v_stride0, v_stride1, v_stride2, v_stride3, v_stride4, v_stride5,
+                 eta_hi, eta_lo, beta1_hi, beta1_lo, beta2_hi, beta2_lo, epsilon_hi, epsilon_lo,
+                 correction1_hi, correction1_lo, correction2_hi, correction2_lo, lambd_hi, lambd_lo,
+                 DECAY: tl.constexpr, COMPUTE_TYPE: tl.constexpr, DENSE: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr):
+    """``m`` and ``v`` are the first and second moments; ``correction1`` and
+    ``correction2`` the bias corrections 1 - beta1^t and 1 - beta2^t."""
+    index = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = index < n_elements
+    x_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, x_stride0, x_stride1,
+                                  x_stride2, x_stride3, x_stride4, x_stride5, DENSE=DENSE)
+    grad_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, grad_stride0,
+                                     grad_stride1, grad_stride2, grad_stride3, grad_stride4,
+                                     grad_stride5, DENSE=DENSE)
+    m_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, m_stride0, m_stride1,
+                                  m_stride2, m_stride3, m_stride4, m_stride5, DENSE=DENSE)
+    v_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, v_stride0, v_stride1,
+                                  v_stride2, v_stride3, v_stride4, v_stride5, DENSE=DENSE)
+    x = tl.load(x_pointer + x_offset, mask=mask).to(COMPUTE_TYPE)
+    g = tl.load(grad_pointer + grad_offset, mask=mask).to(COMPUTE_TYPE)
+    m = tl.load(m_pointer + m_offset, mask=mask).to(COMPUTE_TYPE)
+    v = tl.load(v_pointer + v_offset, mask=mask).to(COMPUTE_TYPE)
+    eta = from_float32_pair(eta_hi, eta_lo, COMPUTE_TYPE)
+    beta1 = from_float32_pair(beta1_hi, beta1_lo, COMPUTE_TYPE)
+    beta2 = from_float32_pair(beta2_hi, beta2_lo, COMPUTE_TYPE)
+    epsilon = from_float32_pair(epsilon_hi, epsilon_lo, COMPUTE_TYPE)
+    correction1 = from_float32_pair(correction1_hi, correction1_lo, COMPUTE_TYPE)
+    correction2 = from_float32_pair(correction2_hi, correction2_lo, COMPUTE_TYPE)
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    d = (m / correction1) / (tl.sqrt(v / correction2) + epsilon)
     if DECAY:  # AdamW, coupled: x - eta * (d + lambd * x)
-        d = d + _scalar(lam_hi, lam_lo, CT) * xv
-    _store(m, mo, mv, mask)
-    _store(v, vo, vv, mask)
-    _store(x, xo, xv - eta * d, mask)
+        d = d + from_float32_pair(lambd_hi, lambd_lo, COMPUTE_TYPE) * x
+    _store(m_pointer, m_offset, m, mask)
+    _store(v_pointer, v_offset, v, mask)
+    _store(x_pointer, x_offset, x - eta * d, mask)
 
 
 # --- rmsprop ---------------------------------------------------------------------------------
 
 @triton.jit
-def _rmsprop_kernel(x, g, s, n, D1, D2, D3, D4, D5,
-                    X0, X1, X2, X3, X4, X5, G0, G1, G2, G3, G4, G5,
-                    S0, S1, S2, S3, S4, S5,
-                    eta_hi, eta_lo, rho_hi, rho_lo, eps_hi, eps_lo,
-                    CT: tl.constexpr, DENSE: tl.constexpr, BLOCK: tl.constexpr):
-    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = lin < n
-    xo = _offsets(lin, DENSE, D1, D2, D3, D4, D5, X0, X1, X2, X3, X4, X5)
-    go = _offsets(lin, DENSE, D1, D2, D3, D4, D5, G0, G1, G2, G3, G4, G5)
-    so = _offsets(lin, DENSE, D1, D2, D3, D4, D5, S0, S1, S2, S3, S4, S5)
-    xv = tl.load(x + xo, mask=mask).to(CT)
-    gv = tl.load(g + go, mask=mask).to(CT)
-    sv = tl.load(s + so, mask=mask).to(CT)
-    eta = _scalar(eta_hi, eta_lo, CT)
-    rho = _scalar(rho_hi, rho_lo, CT)
-    eps = _scalar(eps_hi, eps_lo, CT)
-    sv = rho * sv + (1 - rho) * gv * gv
-    _store(s, so, sv, mask)
-    _store(x, xo, xv - eta * gv / (tl.sqrt(sv) + eps), mask)
+def _rmsprop_kernel(x_pointer, grad_pointer, square_pointer, n_elements,
+                    size1, size2, size3, size4, size5,
+                    x_stride0, x_stride1, x_stride2, x_stride3, x_stride4, x_stride5,
+                    grad_stride0, grad_stride1, grad_stride2, grad_stride3, grad_stride4, grad_stride5,
+                    square_stride0, square_stride1, square_stride2, square_stride3, square_stride4,
+                    square_stride5,
+                    eta_hi, eta_lo, rho_hi, rho_lo, epsilon_hi, epsilon_lo,
+                    COMPUTE_TYPE: tl.constexpr, DENSE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """``square`` is the running mean of g^2."""
+    index = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = index < n_elements
+    x_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, x_stride0, x_stride1,
+                                  x_stride2, x_stride3, x_stride4, x_stride5, DENSE=DENSE)
+    grad_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, grad_stride0,
+                                     grad_stride1, grad_stride2, grad_stride3, grad_stride4,
+                                     grad_stride5, DENSE=DENSE)
+    square_offset = indexing.nd_offset(index, size1, size2, size3, size4, size5, square_stride0,
+                                       square_stride1, square_stride2, square_stride3,
+                                       square_stride4, square_stride5, DENSE=DENSE)
+    x = tl.load(x_pointer + x_offset, mask=mask).to(COMPUTE_TYPE)
+    g = tl.load(grad_pointer + grad_offset, mask=mask).to(COMPUTE_TYPE)
+    square = tl.load(square_pointer + square_offset, mask=mask).to(COMPUTE_TYPE)
+    eta = from_float32_pair(eta_hi, eta_lo, COMPUTE_TYPE)
+    rho = from_float32_pair(rho_hi, rho_lo, COMPUTE_TYPE)
+    epsilon = from_float32_pair(epsilon_hi, epsilon_lo, COMPUTE_TYPE)
+    square = rho * square + (1 - rho) * g * g
+    _store(square_pointer, square_offset, square, mask)
+    _store(x_pointer, x_offset, x - eta * g / (tl.sqrt(square) + epsilon), mask)
 
 
 # --- host side -------------------------------------------------------------------------------
@@ -169,7 +177,6 @@ def _rmsprop_kernel(x, g, s, n, D1, D2, D3, D4, D5,
 def _launch(kernel, rule, tensors, scalars, **meta):
     """Check ``tensors`` = ``(x, g, *states)``, then run ``kernel`` once over
     all elements with each tensor's strides and ``scalars`` as hi/lo pairs."""
-    import torch
     x = tensors[0]
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise DTypeError(f"{rule}: parameters must be floating point, got {x.dtype}")
@@ -190,13 +197,13 @@ def _launch(kernel, rule, tensors, scalars, **meta):
         if k != 1 and any(st == 0 and sd > 1 for st, sd in zip(t.stride(), t.shape)):
             raise ShapeError(f"{rule}: cannot update a broadcast (stride-0) view in place; "
                              "make the parameter and its states dense arrays")
-    mshape, strides = common.merge_dims(tuple(x.shape), *[tuple(t.stride()) for t in tensors])
-    dense = all(mshape[:-1] == [1] * (common.MAX_DIMS - 1) and st[-1] == 1 for st in strides)
-    args = [a for s in scalars for a in _split(s)]
+    sizes, strides = indexing.merge_dims(tuple(x.shape), *[tuple(t.stride()) for t in tensors])
+    dense = all(indexing.dense_strides(sizes, st) for st in strides)
+    scalar_pairs = [half for s in scalars for half in numerics.float32_pair(s)]
     stride_args = [s for st in strides for s in st]
-    block = common.block_for(n)
-    common.launch(kernel, (common.cdiv(n, block),), *tensors, n, *mshape[1:], *stride_args, *args,
-                  CT=common.compute_type(x.dtype), DENSE=dense, BLOCK=block, **meta)
+    block = launch.block_for(n)
+    launch.launch(kernel, (launch.cdiv(n, block),), *tensors, n, *sizes[1:], *stride_args, *scalar_pairs,
+                  COMPUTE_TYPE=numerics.compute_type(x.dtype), DENSE=dense, BLOCK_SIZE=block, **meta)
 
 
 def descent_update_forward(x, g, *, eta):
@@ -212,7 +219,7 @@ def nesterov_update_forward(x, g, v, *, eta, rho):
 
 
 def _bias_corrections(beta1, beta2, step):
-    step = _check_step(step)
+    step = check_step(step)
     return 1.0 - float(beta1) ** step, 1.0 - float(beta2) ** step
 
 

@@ -5,10 +5,10 @@ family whose inputs broadcast).
 Design. The reduced axes are the *columns*, the kept axes the *rows* of a
 logical ``(M, N)`` matrix. Neither is materialised: the kernel indexes rows and
 columns through up to six merged strided dimensions each
-(:func:`common.nd_offset` on 1-d index vectors, so the div/mod cost is per
+(:func:`indexing.nd_offset` on 1-d index vectors, so the div/mod cost is per
 row and per column, not per element), hence any axes of any (non-contiguous,
-broadcast) view reduce without a copy. One program owns ``BLOCK_M`` rows and
-walks its columns in ``BLOCK_N`` chunks, accumulating a ``[BLOCK_M, BLOCK_N]``
+broadcast) view reduce without a copy. One program owns ``BLOCK_SIZE_M`` rows
+and walks its columns in ``BLOCK_SIZE_N`` chunks, accumulating such a
 tile (float32; float64 for float64; int64 for integer sums); the tile is
 reduced once at the end. When there are few rows and long columns (a full
 reduction of 1e6 elements), the columns are split among several programs that
@@ -16,7 +16,7 @@ write partial results, and a second launch of the same kernel reduces those.
 
 Semantics follow NumPy: the sum of nothing is 0, the mean of nothing NaN; the
 sum of integers or booleans is int64, their mean float64; ``max`` propagates
-NaN, on a GPU too (:func:`common.max_along`). ``max`` backward gives each tied
+NaN, on a GPU too (:func:`numerics.max_along`). ``max`` backward gives each tied
 maximum an equal share of the gradient, and NaN to every entry of a row whose
 maximum is NaN (``torch.amax``).
 """
@@ -24,13 +24,17 @@ import torch
 import triton
 import triton.language as tl
 
+from triflux.dtypes import to_torch
 from triflux.errors import ShapeError
+from triflux.specs.reduce import reduce_spec
 
-from . import common
+from . import copy, indexing, launch, numerics
 
-OP_SUM = 0
-OP_MAX = 1
-OP_COUNT_EQ = 2  # count the entries equal to a per-row reference value
+#: what a reduction computes (constexpr OP)
+REDUCE_SUM = tl.constexpr(0)
+REDUCE_MAX = tl.constexpr(1)
+#: count the entries equal to a per-row reference value (max's ties)
+REDUCE_COUNT_EQUAL = tl.constexpr(2)
 
 #: elements per tile (GPU); the interpreter takes bigger tiles
 _GPU_TILE = 4096
@@ -44,71 +48,68 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @triton.jit
-def _reduce_kernel(x, ref, out, M, N, chunk, denom,
-                   R1, R2, R3, R4, R5, RS0, RS1, RS2, RS3, RS4, RS5,
-                   C1, C2, C3, C4, C5, CS0, CS1, CS2, CS3, CS4, CS5,
-                   OP: tl.constexpr, XT: tl.constexpr, ACC: tl.constexpr,
+def _reduce_kernel(x, reference_values, out, M, N, split_size, denominator,
+                   row_size1, row_size2, row_size3, row_size4, row_size5,
+                   row_stride0, row_stride1, row_stride2, row_stride3, row_stride4, row_stride5,
+                   col_size1, col_size2, col_size3, col_size4, col_size5,
+                   col_stride0, col_stride1, col_stride2, col_stride3, col_stride4, col_stride5,
+                   OP: tl.constexpr, VALUE_TYPE: tl.constexpr, ACC_TYPE: tl.constexpr,
                    LOWEST: tl.constexpr, IS_FLOAT: tl.constexpr, MEAN: tl.constexpr,
                    INTERP: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[s, m] = reduce_{n in split s} x[m, n]   (s = program_id(1))."""
+                   BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+    """out[s, m] = reduce over the columns n of split s of x[m, n]
+    (s = program_id(1); a split is ``split_size`` columns). Rows and columns
+    are read through up to six merged (size, stride) dimensions each; MEAN
+    divides by ``denominator``; REDUCE_COUNT_EQUAL counts x[m, n] ==
+    reference_values[m]."""
     pid_m = tl.program_id(0).to(tl.int64)
-    pid_s = tl.program_id(1).to(tl.int64)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rmask = rows < M
-    roff = common.nd_offset(rows, R1, R2, R3, R4, R5, RS0, RS1, RS2, RS3, RS4, RS5)
-    n_lo = pid_s * chunk
-    n_hi = tl.minimum(n_lo + chunk, N)
-    if OP == 1:
-        acc = tl.full([BLOCK_M, BLOCK_N], LOWEST, ACC)
+    pid_split = tl.program_id(1).to(tl.int64)
+    rows = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    rows_mask = rows < M
+    row_offsets = indexing.nd_offset(rows, row_size1, row_size2, row_size3, row_size4, row_size5,
+                                     row_stride0, row_stride1, row_stride2, row_stride3, row_stride4, row_stride5)
+    n_lo = pid_split * split_size
+    n_hi = tl.minimum(n_lo + split_size, N)
+    if OP == REDUCE_MAX:
+        acc = tl.full([BLOCK_SIZE_M, BLOCK_SIZE_N], LOWEST, ACC_TYPE)
     else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
-    if OP == 2:
-        r = tl.load(ref + rows, mask=rmask).to(XT)
-    for n0 in range(n_lo, n_hi, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        cmask = cols < n_hi
-        coff = common.nd_offset(cols, C1, C2, C3, C4, C5, CS0, CS1, CS2, CS3, CS4, CS5)
-        mask = rmask[:, None] & cmask[None, :]
-        ptrs = x + (roff[:, None] + coff[None, :])
-        if OP == 0:
-            v = tl.load(ptrs, mask=mask, other=0).to(ACC)
+        acc = tl.zeros([BLOCK_SIZE_M, BLOCK_SIZE_N], ACC_TYPE)
+    if OP == REDUCE_COUNT_EQUAL:
+        r = tl.load(reference_values + rows, mask=rows_mask).to(VALUE_TYPE)
+    for n0 in range(n_lo, n_hi, BLOCK_SIZE_N):
+        cols = n0 + tl.arange(0, BLOCK_SIZE_N)
+        cols_mask = cols < n_hi
+        col_offsets = indexing.nd_offset(cols, col_size1, col_size2, col_size3, col_size4, col_size5,
+                                         col_stride0, col_stride1, col_stride2, col_stride3, col_stride4,
+                                         col_stride5)
+        mask = rows_mask[:, None] & cols_mask[None, :]
+        ptrs = x + (row_offsets[:, None] + col_offsets[None, :])
+        if OP == REDUCE_SUM:
+            v = tl.load(ptrs, mask=mask, other=0).to(ACC_TYPE)
             acc = acc + v
-        elif OP == 1:
-            v = tl.load(ptrs, mask=mask, other=0).to(ACC)
+        elif OP == REDUCE_MAX:
+            v = tl.load(ptrs, mask=mask, other=0).to(ACC_TYPE)
             v = tl.where(mask, v, LOWEST)   # (LOWEST may not fit the loaded type)
-            acc = common.maximum(acc, v)
+            acc = numerics.maximum(acc, v)
         else:
-            v = tl.load(ptrs, mask=mask, other=0).to(XT)
-            acc = acc + ((v == r[:, None]) & mask).to(ACC)
-    if OP == 1:
+            v = tl.load(ptrs, mask=mask, other=0).to(VALUE_TYPE)
+            acc = acc + ((v == r[:, None]) & mask).to(ACC_TYPE)
+    if OP == REDUCE_MAX:
         if IS_FLOAT:
-            res = common.max_along(acc, 1)   # NaN-propagating (tl.max drops NaN)
+            res = numerics.max_along(acc, 1)   # NaN-propagating (tl.max drops NaN)
         else:
             res = tl.max(acc, axis=1)
     else:
         res = tl.sum(acc, axis=1)
     if MEAN:
-        res = res / denom
-    tl.store(out + pid_s * M + rows, common.store_value(res, out.dtype.element_ty, INTERP), mask=rmask)
-
-
-def dense_strides(mshape, strides):
-    """Whether ``strides`` (from :func:`common.merge_dims`) are those of a dense
-    row-major tensor of shape ``mshape``: such an input is read at the linear
-    index itself, saving the div/mod of :func:`common.nd_offset`."""
-    expect = 1
-    for size, st in zip(reversed(mshape), reversed(strides)):
-        if size != 1 and st != expect:
-            return False
-        expect *= size
-    return True
+        res = res / denominator
+    tl.store(out + pid_split * M + rows, numerics.store_value(res, out.dtype.element_ty, INTERP), mask=rows_mask)
 
 
 def _value_type(dtype):
     """The type values are compared/accumulated in for max and counting."""
     if dtype in _FLOATS:
-        return common.compute_type(dtype)
+        return numerics.compute_type(dtype)
     if dtype == torch.bool:
         return tl.int32
     return tl.int64
@@ -123,10 +124,10 @@ def _lowest(acc):
 
 
 def _tiles(M, N, rstride, cstride):
-    """(BLOCK_M, BLOCK_N) for an (M, N) reduction whose innermost row and
-    column strides are ``rstride`` and ``cstride``."""
-    np2 = common.next_pow2
-    if common.INTERPRET:
+    """(BLOCK_SIZE_M, BLOCK_SIZE_N) for an (M, N) reduction whose innermost
+    row and column strides are ``rstride`` and ``cstride``."""
+    np2 = launch.next_pow2
+    if launch.INTERPRET:
         bn = min(np2(N), _INTERP_TILE)
         bm = min(np2(M), max(1, _INTERP_TILE // bn))
         return bm, bn
@@ -146,91 +147,80 @@ def _tiles(M, N, rstride, cstride):
 
 
 def _merged(sizes, strides):
-    shape, (st,) = common.merge_dims(sizes, strides)
+    shape, (st,) = indexing.merge_dims(sizes, strides)
     return shape, st
 
 
-def _launch_reduce(x, ref, out, M, N, rshape, rst, cshape, cst, op, xt, acc, mean_denom,
+def _launch_reduce(x, reference_values, out, M, N, rshape, rst, cshape, cst, op, xt, acc, mean_denom,
                    splits=None):
     """Reduce the logical (M, N) matrix into ``out`` (dense, M entries)."""
     bm, bn = _tiles(M, N, rst[-1], cst[-1])
-    grid_m = common.cdiv(M, bm)
+    grid_m = launch.cdiv(M, bm)
     if splits is None:
         splits = 1
-        if not common.INTERPRET and grid_m < _TARGET_PROGRAMS and N > _MIN_CHUNK:
-            splits = min(common.cdiv(N, _MIN_CHUNK), common.cdiv(_TARGET_PROGRAMS, grid_m))
+        if not launch.INTERPRET and grid_m < _TARGET_PROGRAMS and N > _MIN_CHUNK:
+            splits = min(launch.cdiv(N, _MIN_CHUNK), launch.cdiv(_TARGET_PROGRAMS, grid_m))
     splits = max(1, min(int(splits), max(N, 1)))
-    chunk = common.cdiv(max(N, 1), splits)
-    chunk = common.cdiv(chunk, bn) * bn
-    splits = common.cdiv(max(N, 1), chunk)
+    chunk = launch.cdiv(max(N, 1), splits)
+    chunk = launch.cdiv(chunk, bn) * bn
+    splits = launch.cdiv(max(N, 1), chunk)
     lowest = _lowest(acc)
     is_float = acc in (tl.float32, tl.float64)
     nw = max(1, min(8, (bm * bn) // 256))  # one warp per 256 tile elements, at most 8
+    if reference_values is None:
+        reference_values = x
     if splits == 1:
-        common.launch(_reduce_kernel, (grid_m, 1), x, ref if ref is not None else x, out,
+        launch.launch(_reduce_kernel, (grid_m, 1), x, reference_values, out,
                       M, N, chunk, float(mean_denom or 1.0),
                       *rshape[1:], *rst, *cshape[1:], *cst,
-                      OP=op, XT=xt, ACC=acc, LOWEST=lowest, IS_FLOAT=is_float,
+                      OP=op.value, VALUE_TYPE=xt, ACC_TYPE=acc, LOWEST=lowest, IS_FLOAT=is_float,
                       MEAN=mean_denom is not None,
-                      INTERP=common.INTERPRET, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw)
+                      INTERP=launch.INTERPRET, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=nw)
         return out
     # pass 1: partial results, one row of M per split, in the accumulator type
     part_dtype = {tl.float32: torch.float32, tl.float64: torch.float64,
                   tl.int32: torch.int32, tl.int64: torch.int64}[acc]
-    part = common.empty((splits, M), part_dtype, x.device)
-    common.launch(_reduce_kernel, (grid_m, splits), x, ref if ref is not None else x, part,
+    part = launch.empty((splits, M), part_dtype, x.device)
+    launch.launch(_reduce_kernel, (grid_m, splits), x, reference_values, part,
                   M, N, chunk, 1.0, *rshape[1:], *rst, *cshape[1:], *cst,
-                  OP=op, XT=xt, ACC=acc, LOWEST=lowest, IS_FLOAT=is_float, MEAN=False,
-                  INTERP=common.INTERPRET, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw)
+                  OP=op.value, VALUE_TYPE=xt, ACC_TYPE=acc, LOWEST=lowest, IS_FLOAT=is_float, MEAN=False,
+                  INTERP=launch.INTERPRET, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=nw)
     # pass 2: reduce the (M, splits) matrix of partials (counts add up)
-    op2 = OP_SUM if op == OP_COUNT_EQ else op
+    op2 = REDUCE_SUM if op == REDUCE_COUNT_EQUAL else op
     return _launch_reduce(part, None, out, M, splits, [1] * 5 + [M], [0] * 5 + [1],
                           [1] * 5 + [splits], [0] * 5 + [M], op2, acc, acc, mean_denom,
                           splits=1)
 
 
-def _normalise_axis(axis, nd):
-    if axis is None:
-        return tuple(range(nd))
-    if isinstance(axis, int):
-        axis = (axis,)
-    return tuple(sorted({int(a) % nd if nd else int(a) for a in axis}))
-
-
-def _reduce(x, axis, op, out_dtype, keepdims=False, ref=None, mean=False, splits=None):
-    """Reduce ``x`` over ``axis`` into a new dense tensor of ``out_dtype``."""
-    shape = tuple(x.shape)
-    nd = len(shape)
-    axis = _normalise_axis(axis, nd)
-    kept = [d for d in range(nd) if d not in axis]
-    M = common.numel(shape[d] for d in kept)
-    N = common.numel(shape[d] for d in axis)
-    if keepdims:
-        out_shape = tuple(1 if d in axis else shape[d] for d in range(nd))
-    else:
-        out_shape = tuple(shape[d] for d in kept)
+def _reduce(x, axis, op, out_dtype=None, keepdims=False, reference_values=None, mean=False, splits=None):
+    """Reduce ``x`` over ``axis`` (``op``: REDUCE_SUM, with ``mean`` the mean,
+    REDUCE_MAX or REDUCE_COUNT_EQUAL) into a new dense tensor of ``out_dtype``
+    (default: the spec's)."""
+    primitive = "max" if op == REDUCE_MAX else "mean" if mean else "sum"
+    spec = reduce_spec(primitive, x.shape, x.dtype, axis, keepdims)
+    out_dtype = to_torch(spec.out_dtype) if out_dtype is None else out_dtype
+    shape, axes, kept = spec.x_shape, spec.axes, spec.kept_axes
+    M, N = spec.rows, spec.count
     if M == 0:
-        return common.empty(out_shape, out_dtype, x.device)
+        return launch.empty(spec.out_shape, out_dtype, x.device)
     if N == 0:
-        if op == OP_MAX:
-            raise ShapeError(f"max over an empty axis (shape {shape}, axis {axis}) has no value")
-        return common.full(out_shape, float("nan") if mean else 0, out_dtype, x.device)
+        return copy.full(spec.out_shape, float("nan") if mean else 0, out_dtype, x.device)
     try:
         rshape, rst = _merged([shape[d] for d in kept], [x.stride(d) for d in kept])
-        cshape, cst = _merged([shape[d] for d in axis], [x.stride(d) for d in axis])
+        cshape, cst = _merged([shape[d] for d in axes], [x.stride(d) for d in axes])
     except NotImplementedError:  # more than 6 non-mergeable dims on one side: copy first
-        x = common.contiguous(x)
+        x = copy.contiguous(x)
         rshape, rst = _merged([shape[d] for d in kept], [x.stride(d) for d in kept])
-        cshape, cst = _merged([shape[d] for d in axis], [x.stride(d) for d in axis])
+        cshape, cst = _merged([shape[d] for d in axes], [x.stride(d) for d in axes])
     xt = _value_type(x.dtype)
-    if op == OP_COUNT_EQ:
+    if op == REDUCE_COUNT_EQUAL:
         acc = tl.int32
-    elif op == OP_SUM and x.dtype not in _FLOATS:
+    elif op == REDUCE_SUM and x.dtype not in _FLOATS:
         acc = tl.float64 if mean else tl.int64
     else:
         acc = xt
-    out = common.empty(out_shape, out_dtype, x.device)
-    _launch_reduce(x, ref, out, M, N, rshape, rst, cshape, cst, op, xt, acc,
+    out = launch.empty(spec.out_shape, out_dtype, x.device)
+    _launch_reduce(x, reference_values, out, M, N, rshape, rst, cshape, cst, op, xt, acc,
                    float(N) if mean else None, splits=splits)
     return out
 
@@ -246,7 +236,7 @@ def unbroadcast(g, shape, dtype=None):
     shape = tuple(int(s) for s in shape)
     dtype = g.dtype if dtype is None else dtype
     if tuple(g.shape) == shape:
-        return g if g.dtype == dtype else _reduce(g, (), OP_SUM, dtype)
+        return g if g.dtype == dtype else _reduce(g, (), REDUCE_SUM, dtype)
     lead = g.dim() - len(shape)
     if lead < 0 and all(s == 1 for s in shape[:-lead]):   # shape has extra leading 1s
         g = g.reshape((1,) * -lead + tuple(g.shape))
@@ -259,105 +249,101 @@ def unbroadcast(g, shape, dtype=None):
         if s != 1 and g.shape[lead + i] != s:
             raise ShapeError(f"cannot unbroadcast a gradient of shape {tuple(g.shape)} to {shape}")
     # (with no axes to sum, the reduction is a converting copy)
-    r = _reduce(g, axes, OP_SUM, dtype, keepdims=True)
+    r = _reduce(g, axes, REDUCE_SUM, dtype, keepdims=True)
     return r.reshape(shape)
 
 
 # --- forward ---------------------------------------------------------------------------
 
-def _sum_dtype(dtype):
-    return dtype if dtype in _FLOATS else torch.int64
-
-
-def _mean_dtype(dtype):
-    return dtype if dtype in _FLOATS else torch.float64
-
-
 def sum_forward(x, axis=None, keepdims=False):
     """Sum over ``axis`` (float32/float64 accumulation; integers and booleans
     sum to int64, as NumPy)."""
-    return _reduce(x, axis, OP_SUM, _sum_dtype(x.dtype), keepdims)
+    return _reduce(x, axis, REDUCE_SUM, keepdims=keepdims)
 
 
 def mean_forward(x, axis=None, keepdims=False):
     """Mean over ``axis``: the sum divided by the number of reduced entries
     (NaN over an empty axis; integers and booleans give float64, as NumPy)."""
-    return _reduce(x, axis, OP_SUM, _mean_dtype(x.dtype), keepdims, mean=True)
+    return _reduce(x, axis, REDUCE_SUM, keepdims=keepdims, mean=True)
 
 
 def max_forward(x, axis=None, keepdims=False):
     """Maximum over ``axis`` (propagates NaN; the axis must not be empty)."""
-    return _reduce(x, axis, OP_MAX, x.dtype, keepdims)
+    return _reduce(x, axis, REDUCE_MAX, keepdims=keepdims)
 
 
 # --- backward ----------------------------------------------------------------------------
 
 @triton.jit
-def _bcast_bwd_kernel(g, x, y, cnt, out, n, denom,
-                      D1, D2, D3, D4, D5,
-                      GS0, GS1, GS2, GS3, GS4, GS5,
-                      XS0, XS1, XS2, XS3, XS4, XS5,
-                      YS0, YS1, YS2, YS3, YS4, YS5,
-                      OP: tl.constexpr, CT: tl.constexpr, XT: tl.constexpr,
-                      GD: tl.constexpr, XD: tl.constexpr, YD: tl.constexpr,
-                      INTERP: tl.constexpr, BLOCK: tl.constexpr):
-    """OP 0 (sum/mean): out = g / denom;  OP 1 (max): out = (g / count) [x == y].
-    g, y and count broadcast to x's shape (y and count share strides)."""
-    lin = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _broadcast_backward_kernel(grad, x, y, count, out, n, denominator,
+                               size1, size2, size3, size4, size5,
+                               grad_stride0, grad_stride1, grad_stride2, grad_stride3, grad_stride4, grad_stride5,
+                               x_stride0, x_stride1, x_stride2, x_stride3, x_stride4, x_stride5,
+                               y_stride0, y_stride1, y_stride2, y_stride3, y_stride4, y_stride5,
+                               OP: tl.constexpr, COMPUTE_TYPE: tl.constexpr, VALUE_TYPE: tl.constexpr,
+                               GRAD_DENSE: tl.constexpr, X_DENSE: tl.constexpr, Y_DENSE: tl.constexpr,
+                               INTERP: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """REDUCE_SUM (sum and mean): out = g / denominator; REDUCE_MAX:
+    out = (g / count) [x == y]. g, y and count broadcast to x's shape (y and
+    count share strides); a *_DENSE input is read at the linear index."""
+    lin = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = lin < n
-    if GD:  # dense, not broadcast: the offset is the linear index
-        go = lin
+    if GRAD_DENSE:
+        grad_offsets = lin
     else:
-        go = common.nd_offset(lin, D1, D2, D3, D4, D5, GS0, GS1, GS2, GS3, GS4, GS5)
-    gv = tl.load(g + go, mask=mask, other=0).to(CT)
-    if OP == 0:
-        r = gv / denom
+        grad_offsets = indexing.nd_offset(lin, size1, size2, size3, size4, size5, grad_stride0, grad_stride1,
+                                          grad_stride2, grad_stride3, grad_stride4, grad_stride5)
+    g = tl.load(grad + grad_offsets, mask=mask, other=0).to(COMPUTE_TYPE)
+    if OP == REDUCE_SUM:
+        r = g / denominator
     else:
-        if XD:  # dense, not broadcast: the offset is the linear index
-            xo = lin
+        if X_DENSE:
+            x_offsets = lin
         else:
-            xo = common.nd_offset(lin, D1, D2, D3, D4, D5, XS0, XS1, XS2, XS3, XS4, XS5)
-        if YD:  # dense, not broadcast: the offset is the linear index
-            yo = lin
+            x_offsets = indexing.nd_offset(lin, size1, size2, size3, size4, size5,
+                                           x_stride0, x_stride1, x_stride2, x_stride3, x_stride4, x_stride5)
+        if Y_DENSE:
+            y_offsets = lin
         else:
-            yo = common.nd_offset(lin, D1, D2, D3, D4, D5, YS0, YS1, YS2, YS3, YS4, YS5)
-        xv = tl.load(x + xo, mask=mask, other=0).to(XT)
-        yv = tl.load(y + yo, mask=mask, other=0).to(XT)
-        c = tl.load(cnt + yo, mask=mask, other=1).to(CT)
-        r = (gv / c) * (xv == yv).to(CT)   # a NaN maximum (count 0): NaN, as torch.amax
-    tl.store(out + lin, common.store_value(r, out.dtype.element_ty, INTERP), mask=mask)
+            y_offsets = indexing.nd_offset(lin, size1, size2, size3, size4, size5,
+                                           y_stride0, y_stride1, y_stride2, y_stride3, y_stride4, y_stride5)
+        xv = tl.load(x + x_offsets, mask=mask, other=0).to(VALUE_TYPE)
+        yv = tl.load(y + y_offsets, mask=mask, other=0).to(VALUE_TYPE)
+        c = tl.load(count + y_offsets, mask=mask, other=1).to(COMPUTE_TYPE)
+        r = (g / c) * (xv == yv).to(COMPUTE_TYPE)   # a NaN maximum (count 0): NaN, as torch.amax
+    tl.store(out + lin, numerics.store_value(r, out.dtype.element_ty, INTERP), mask=mask)
 
 
-def _keepdims_view(t, axis, nd):
+def _keepdims_view(t, axes, nd):
     """``t`` (a reduction result) as a view with the reduced axes back as 1s."""
     if t.dim() == nd:
         return t
-    for a in axis:
+    for a in axes:
         t = t.unsqueeze(a)
     return t
 
 
-def _bcast_bwd(grad, x, axis, op, denom=1.0, y=None, cnt=None):
+def _broadcast_backward(grad, x, axes, op, denominator=1.0, y=None, count=None):
     nd = x.dim()
-    out = common.empty(x.shape, x.dtype, x.device)
+    out = launch.empty(x.shape, x.dtype, x.device)
     n = out.numel()
     if n == 0:
         return out
     shape = tuple(x.shape)
-    g = _keepdims_view(grad, axis, nd)
-    gs = common.broadcast_strides(g, shape)
+    g = _keepdims_view(grad, axes, nd)
+    gs = indexing.broadcast_strides(g, shape)
     xs = tuple(x.stride())
     if y is not None:
-        ys = common.broadcast_strides(y, shape)
+        ys = indexing.broadcast_strides(y, shape)
     else:
-        y, cnt, ys = x, x, xs
-    mshape, (gs, xs, ys) = common.merge_dims(shape, gs, xs, ys)
-    block = common.block_for(n)
-    common.launch(_bcast_bwd_kernel, (common.cdiv(n, block),), grad, x, y, cnt, out, n,
-                  float(denom), *mshape[1:], *gs, *xs, *ys, OP=op,
-                  CT=common.compute_type(x.dtype), XT=_value_type(x.dtype),
-                  GD=dense_strides(mshape, gs), XD=dense_strides(mshape, xs),
-                  YD=dense_strides(mshape, ys), INTERP=common.INTERPRET, BLOCK=block)
+        y, count, ys = x, x, xs
+    mshape, (gs, xs, ys) = indexing.merge_dims(shape, gs, xs, ys)
+    block = launch.block_for(n)
+    launch.launch(_broadcast_backward_kernel, (launch.cdiv(n, block),), grad, x, y, count, out, n,
+                  float(denominator), *mshape[1:], *gs, *xs, *ys, OP=op.value,
+                  COMPUTE_TYPE=numerics.compute_type(x.dtype), VALUE_TYPE=_value_type(x.dtype),
+                  GRAD_DENSE=indexing.dense_strides(mshape, gs), X_DENSE=indexing.dense_strides(mshape, xs),
+                  Y_DENSE=indexing.dense_strides(mshape, ys), INTERP=launch.INTERPRET, BLOCK_SIZE=block)
     return out
 
 
@@ -365,17 +351,16 @@ def sum_backward(grad, out, x, axis=None, keepdims=False):
     """dx = broadcast(g) back to x's shape (no gradient for integer inputs)."""
     if x.dtype not in _FLOATS:
         return (None,)
-    axis = _normalise_axis(axis, x.dim())
-    return (_bcast_bwd(grad, x, axis, 0),)
+    spec = reduce_spec("sum", x.shape, x.dtype, axis, keepdims)
+    return (_broadcast_backward(grad, x, spec.axes, REDUCE_SUM),)
 
 
 def mean_backward(grad, out, x, axis=None, keepdims=False):
     """dx = broadcast(g) / N, N the number of reduced entries."""
     if x.dtype not in _FLOATS:
         return (None,)
-    axis = _normalise_axis(axis, x.dim())
-    N = common.numel(x.shape[a] for a in axis)
-    return (_bcast_bwd(grad, x, axis, 0, denom=float(N)),)
+    spec = reduce_spec("mean", x.shape, x.dtype, axis, keepdims)
+    return (_broadcast_backward(grad, x, spec.axes, REDUCE_SUM, denominator=float(spec.count)),)
 
 
 def max_backward(grad, out, x, axis=None, keepdims=False):
@@ -383,10 +368,9 @@ def max_backward(grad, out, x, axis=None, keepdims=False):
     share the gradient equally (torch.amax)."""
     if x.dtype not in _FLOATS:
         return (None,)
-    nd = x.dim()
-    axis = _normalise_axis(axis, nd)
-    if not axis:   # over no axes the max is the identity: dx = g (NaN entries included)
-        return (common.copy_into(common.empty(x.shape, x.dtype, x.device), grad.reshape(x.shape)),)
-    y = _keepdims_view(common.contiguous(out), axis, nd)
-    cnt = _reduce(x, axis, OP_COUNT_EQ, torch.int32, keepdims=True, ref=y)
-    return (_bcast_bwd(grad, x, axis, 1, y=y, cnt=cnt),)
+    spec = reduce_spec("max", x.shape, x.dtype, axis, keepdims)
+    if not spec.axes:   # over no axes the max is the identity: dx = g (NaN entries included)
+        return (copy.copy_into(launch.empty(x.shape, x.dtype, x.device), grad.reshape(x.shape)),)
+    y = _keepdims_view(copy.contiguous(out), spec.axes, x.dim())
+    count = _reduce(x, spec.axes, REDUCE_COUNT_EQUAL, torch.int32, keepdims=True, reference_values=y)
+    return (_broadcast_backward(grad, x, spec.axes, REDUCE_MAX, y=y, count=count),)

@@ -5,10 +5,11 @@ A sequence costs a few launches, not L per gate:
 forward   1. ``xp = x @ w_ih^T`` for every time step at once (the matmul
              family's GEMM, stored in the compute type);
           2. ONE launch for the whole time loop (``_forward_kernel``): each
-             program owns BN batch rows and walks t = 0 .. L-1 inside the
-             kernel, computing every gate of its rows per step (hidden units
-             in chunks of BJ, the product h_{t-1} @ w_hh^T in chunks of BK,
-             h_{t-1} read back from the hidden-state buffer it wrote at t-1;
+             program owns BLOCK_SIZE_BATCH batch rows and walks t = 0 .. L-1
+             inside the kernel, computing every gate of its rows per step
+             (hidden units in chunks of BLOCK_SIZE_HIDDEN, the product
+             h_{t-1} @ w_hh^T in chunks of BLOCK_SIZE_K, h_{t-1} read back
+             from the state buffer it wrote at t-1;
              ``tl.debug_barrier()`` between steps makes its own stores visible);
           3. a cast to the output dtype for float16/bfloat16 (the recurrence
              keeps its states in float32).
@@ -19,29 +20,37 @@ backward  the forward recurrence again where the output was rounded
           finishes with dh0 (and dc0); then dx by a GEMM and dW_ih, dW_hh,
           db_ih, db_hh by ``_weight_sum_kernel`` (sums over batch and time).
 
-Everything accumulates in float32 (float64 for float64); dots are ieee
-float32 ``tl.dot`` or, for float64, sums of outer products.
+Everything accumulates in float32 (float64 for float64); the dots are
+``numerics.dot``'s (ieee float32 ``tl.dot`` or, for float64, sums of outer
+products). The sizes and the checks of the inputs are ``triflux.specs.rnn``'s.
 """
 import torch
 import triton
 import triton.language as tl
 
-from . import common
-from .common import store_value
-from .elementwise import _sigmoid
-from .elementwise import _tanh as _series_tanh
-from .matmul import _mm
-from ..errors import DTypeError, ShapeError
+from . import copy, launch, numerics
+from .numerics import store_value
+from .matmul import matrix_product
+from ..dtypes import to_torch
+from ..specs.rnn import recurrent_spec
 
-_CELL_RNN, _CELL_LSTM, _CELL_GRU = 0, 1, 2
-_GATES = {_CELL_RNN: 1, _CELL_LSTM: 4, _CELL_GRU: 3}
+#: the cell a kernel computes (constexpr CELL)
+CELL_RNN = tl.constexpr(0)
+CELL_LSTM = tl.constexpr(1)
+CELL_GRU = tl.constexpr(2)
+_CELLS = {"rnn_sequence": CELL_RNN, "lstm_sequence": CELL_LSTM, "gru_sequence": CELL_GRU}
+
+#: which state of the state buffer a read takes (constexpr STATE): the LSTM
+#: stores [h_t, c_t] per step, so its c sits H values after its h
+HIDDEN_STATE = tl.constexpr(0)
+CELL_STATE = tl.constexpr(1)
 
 
 # --- device helpers ---------------------------------------------------------------------
 
 @triton.jit
-def _tanh(x, NT: tl.constexpr, INTERP: tl.constexpr):
-    """tanh. On a GPU the elementwise family's (expm1 by a short series near 0,
+def _tanh(x, INTERP: tl.constexpr):
+    """tanh. On a GPU ``numerics.tanh`` (expm1 by a short series near 0,
     no ``log``: GPU ``log`` is approximate near 1). In the interpreter, which
     pays per operation inside the time loop, expm1(-2|x|) by Kahan's
     (u - 1) v / log(u), u = exp(v): a few operations, a few ulp with NumPy's
@@ -55,7 +64,7 @@ def _tanh(x, NT: tl.constexpr, INTERP: tl.constexpr):
         t = -m / (2.0 + m)
         y = tl.where(x < 0, -t, t)
     else:
-        y = _series_tanh(x, NT)
+        y = numerics.tanh(x)
     return y
 
 
@@ -69,420 +78,433 @@ def _dtanh(a):
 
 
 @triton.jit
-def _dot(a, b, F64: tl.constexpr):
-    if F64:
-        c = tl.sum(a.to(tl.float64)[:, :, None] * b.to(tl.float64)[None, :, :], axis=1)
-    else:
-        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return c
-
-
-@triton.jit
-def _hprev(hs, h0, rn, t, rk, N, L, H, W, sh0n, sh0k, COL: tl.constexpr):
-    """(BN, BK) block of the previous state, columns rk: the state buffer's
-    step t-1 (column offset COL*H: 0 for h, 1 for an LSTM's c), or h0/c0 at t = 0.
+def _previous_state(states, initial, rows, t, cols, N, L, H, W, initial_batch_stride, initial_hidden_stride,
+                    STATE: tl.constexpr):
+    """(BLOCK_SIZE_BATCH, len(cols)) block of the previous state, columns
+    ``cols``: the state buffer's step t-1 (``STATE``: the hidden or the cell
+    state), or ``initial`` (h0 or c0) at t = 0.
 
     Step conditions on the scalar t are branches, never parts of a load mask:
     Triton 3.9's interpreter rejects a mask that broadcasts a scalar
     comparison ("mask has unsupported dtype"), and a branch loads once."""
-    m = (rn < N)[:, None] & (rk < H)[None, :]
+    mask = (rows < N)[:, None] & (cols < H)[None, :]
     if t > 0:
-        prev = tl.load(hs + rn[:, None] * L * W + (t - 1) * W + COL * H + rk[None, :], mask=m, other=0.0)
+        prev = tl.load(states + rows[:, None] * L * W + (t - 1) * W + STATE * H + cols[None, :],
+                       mask=mask, other=0.0)
     else:
-        prev = tl.load(h0 + rn[:, None] * sh0n + rk[None, :] * sh0k, mask=m, other=0.0).to(hs.dtype.element_ty)
+        prev = tl.load(initial + rows[:, None] * initial_batch_stride + cols[None, :] * initial_hidden_stride,
+                       mask=mask, other=0.0).to(states.dtype.element_ty)
     return prev
 
 
 @triton.jit
-def _hh_all(hs, h0, rn, t, rj, N, L, H, W, sh0n, sh0k, whh, swr, swk, G: tl.constexpr,
-            BN: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr, F64: tl.constexpr):
-    """h_{t-1} @ w_hh[g*H + rj, :]^T for every gate g < G at once (each block
-    of h_{t-1} loaded once for all gates); unused gates stay zero."""
-    CT: tl.constexpr = hs.dtype.element_ty
-    a0 = tl.zeros((BN, BJ), dtype=CT)
-    a1 = tl.zeros((BN, BJ), dtype=CT)
-    a2 = tl.zeros((BN, BJ), dtype=CT)
-    a3 = tl.zeros((BN, BJ), dtype=CT)
-    for k0 in range(0, H, BK):
-        rk = k0 + tl.arange(0, BK)
-        hp = _hprev(hs, h0, rn, t, rk, N, L, H, W, sh0n, sh0k, 0)
-        wm = (rk < H)[:, None] & (rj < H)[None, :]
-        wp = whh + rj[None, :] * swr + rk[:, None] * swk
-        a0 += _dot(hp, tl.load(wp, mask=wm, other=0.0).to(CT), F64)
-        if G > 1:
-            a1 += _dot(hp, tl.load(wp + H * swr, mask=wm, other=0.0).to(CT), F64)
-            a2 += _dot(hp, tl.load(wp + 2 * H * swr, mask=wm, other=0.0).to(CT), F64)
-        if G > 3:
-            a3 += _dot(hp, tl.load(wp + 3 * H * swr, mask=wm, other=0.0).to(CT), F64)
-    return a0, a1, a2, a3
+def _hidden_side(states, h0, rows, t, units, N, L, H, W, h0_batch_stride, h0_hidden_stride,
+                 w_hh, w_hh_row_stride, w_hh_col_stride, GATES: tl.constexpr,
+                 BLOCK_SIZE_BATCH: tl.constexpr, BLOCK_SIZE_HIDDEN: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                 DOT: tl.constexpr):
+    """h_{t-1} @ w_hh[g*H + units, :]^T for every gate g < GATES at once (each
+    block of h_{t-1} loaded once for all gates); unused gates stay zero."""
+    COMPUTE_TYPE: tl.constexpr = states.dtype.element_ty
+    gate0 = tl.zeros((BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN), dtype=COMPUTE_TYPE)
+    gate1 = tl.zeros((BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN), dtype=COMPUTE_TYPE)
+    gate2 = tl.zeros((BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN), dtype=COMPUTE_TYPE)
+    gate3 = tl.zeros((BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN), dtype=COMPUTE_TYPE)
+    for k0 in range(0, H, BLOCK_SIZE_K):
+        inner = k0 + tl.arange(0, BLOCK_SIZE_K)
+        h_prev = _previous_state(states, h0, rows, t, inner, N, L, H, W, h0_batch_stride, h0_hidden_stride,
+                                 HIDDEN_STATE)
+        w_mask = (inner < H)[:, None] & (units < H)[None, :]
+        w_ptrs = w_hh + units[None, :] * w_hh_row_stride + inner[:, None] * w_hh_col_stride
+        gate0 = numerics.dot(gate0, h_prev, tl.load(w_ptrs, mask=w_mask, other=0.0).to(COMPUTE_TYPE), DOT)
+        if GATES > 1:
+            gate1 = numerics.dot(gate1, h_prev, tl.load(w_ptrs + H * w_hh_row_stride, mask=w_mask,
+                                                        other=0.0).to(COMPUTE_TYPE), DOT)
+            gate2 = numerics.dot(gate2, h_prev, tl.load(w_ptrs + 2 * H * w_hh_row_stride, mask=w_mask,
+                                                        other=0.0).to(COMPUTE_TYPE), DOT)
+        if GATES > 3:
+            gate3 = numerics.dot(gate3, h_prev, tl.load(w_ptrs + 3 * H * w_hh_row_stride, mask=w_mask,
+                                                        other=0.0).to(COMPUTE_TYPE), DOT)
+    return gate0, gate1, gate2, gate3
 
 
 @triton.jit
-def _pre(xp, rn, t, rj, g, N, L, H, GH, bih, sbi, bhh, sbh, WITH_BHH: tl.constexpr):
-    """x_t @ w_ih[g]^T + b_ih[g] (+ b_hh[g]) for the block."""
-    m = (rn < N)[:, None] & (rj < H)[None, :]
-    a = tl.load(xp + rn[:, None] * L * GH + t * GH + g * H + rj[None, :], mask=m, other=0.0)
-    a += tl.load(bih + (g * H + rj) * sbi, mask=rj < H, other=0.0).to(xp.dtype.element_ty)[None, :]
-    if WITH_BHH:
-        a += tl.load(bhh + (g * H + rj) * sbh, mask=rj < H, other=0.0).to(xp.dtype.element_ty)[None, :]
+def _input_side(xp, rows, t, units, gate, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                GATES: tl.constexpr, WITH_B_HH: tl.constexpr):
+    """x_t @ w_ih[gate]^T + b_ih[gate] (+ b_hh[gate]) for the block, from the
+    input projections ``xp`` (N, L, GATES*H)."""
+    mask = (rows < N)[:, None] & (units < H)[None, :]
+    gh = GATES * H
+    a = tl.load(xp + rows[:, None] * L * gh + t * gh + gate * H + units[None, :], mask=mask, other=0.0)
+    a += _gate_bias(b_ih, b_ih_stride, gate, units, H, xp.dtype.element_ty)
+    if WITH_B_HH:
+        a += _gate_bias(b_hh, b_hh_stride, gate, units, H, xp.dtype.element_ty)
     return a
 
 
 @triton.jit
-def _bias(b, sb, g, rj, H, CT: tl.constexpr):
-    return tl.load(b + (g * H + rj) * sb, mask=rj < H, other=0.0).to(CT)[None, :]
+def _gate_bias(b, b_stride, gate, units, H, COMPUTE_TYPE: tl.constexpr):
+    """The bias of ``gate`` for the hidden units ``units``, as a row."""
+    return tl.load(b + (gate * H + units) * b_stride, mask=units < H, other=0.0).to(COMPUTE_TYPE)[None, :]
 
 
 # --- forward ------------------------------------------------------------------------------
+# Gate numbers in the calls below: LSTM i, f, g, o = 0, 1, 2, 3; GRU r, z, n = 0, 1, 2.
 
 @triton.jit
-def _forward_kernel(xp, h0, c0, whh, bih, bhh, hs, N, L, H,
-                    sh0n, sh0k, sc0n, sc0k, swr, swk, sbi, sbh,
-                    CELL: tl.constexpr, RELU: tl.constexpr, G: tl.constexpr,
-                    BN: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr,
-                    F64: tl.constexpr, NT: tl.constexpr, INTERP: tl.constexpr):
-    """Every step of the recurrence for BN batch rows; states into ``hs``
-    ((N, L, H), or (N, L, 2H) = [h, c] for the LSTM), compute type."""
-    CT: tl.constexpr = hs.dtype.element_ty
-    rn = tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
-    GH = G * H
+def _forward_kernel(xp, h0, c0, w_hh, b_ih, b_hh, states, N, L, H,
+                    h0_batch_stride, h0_hidden_stride, c0_batch_stride, c0_hidden_stride,
+                    w_hh_row_stride, w_hh_col_stride, b_ih_stride, b_hh_stride,
+                    CELL: tl.constexpr, RELU: tl.constexpr, GATES: tl.constexpr,
+                    BLOCK_SIZE_BATCH: tl.constexpr, BLOCK_SIZE_HIDDEN: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                    DOT: tl.constexpr, INTERP: tl.constexpr):
+    """Every step of the recurrence for BLOCK_SIZE_BATCH batch rows; states
+    into ``states`` ((N, L, H), or (N, L, 2H) = [h, c] for the LSTM), in the
+    compute type."""
+    COMPUTE_TYPE: tl.constexpr = states.dtype.element_ty
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_SIZE_BATCH + tl.arange(0, BLOCK_SIZE_BATCH)
     W = H
-    if CELL == 1:
+    if CELL == CELL_LSTM:
         W = 2 * H
     for t in range(0, L):
-        for j0 in range(0, H, BJ):
-            rj = j0 + tl.arange(0, BJ)
-            m = (rn < N)[:, None] & (rj < H)[None, :]
-            out = hs + rn[:, None] * L * W + t * W + rj[None, :]
-            if CELL == 0:
-                h0_, h1, h2, h3 = _hh_all(hs, h0, rn, t, rj, N, L, H, W, sh0n, sh0k, whh, swr, swk, G,
-                                          BN, BJ, BK, F64)
-                a = _pre(xp, rn, t, rj, 0, N, L, H, GH, bih, sbi, bhh, sbh, True) \
-                    + h0_
+        for j0 in range(0, H, BLOCK_SIZE_HIDDEN):
+            units = j0 + tl.arange(0, BLOCK_SIZE_HIDDEN)
+            mask = (rows < N)[:, None] & (units < H)[None, :]
+            out = states + rows[:, None] * L * W + t * W + units[None, :]
+            hh0, hh1, hh2, hh3 = _hidden_side(states, h0, rows, t, units, N, L, H, W,
+                                              h0_batch_stride, h0_hidden_stride,
+                                              w_hh, w_hh_row_stride, w_hh_col_stride, GATES,
+                                              BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN, BLOCK_SIZE_K, DOT)
+            if CELL == CELL_RNN:
+                a = _input_side(xp, rows, t, units, 0, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                GATES, True) + hh0
                 if RELU:
                     h = tl.where(a < 0, 0.0, a)
                 else:
-                    h = _tanh(a, NT, INTERP)
-                tl.store(out, h.to(CT), mask=m)
-            elif CELL == 1:
-                h0_, h1, h2, h3 = _hh_all(hs, h0, rn, t, rj, N, L, H, W, sh0n, sh0k, whh, swr, swk, G,
-                                          BN, BJ, BK, F64)
-                ai = _pre(xp, rn, t, rj, 0, N, L, H, GH, bih, sbi, bhh, sbh, True) \
-                    + h0_
-                af = _pre(xp, rn, t, rj, 1, N, L, H, GH, bih, sbi, bhh, sbh, True) \
-                    + h1
-                ag = _pre(xp, rn, t, rj, 2, N, L, H, GH, bih, sbi, bhh, sbh, True) \
-                    + h2
-                ao = _pre(xp, rn, t, rj, 3, N, L, H, GH, bih, sbi, bhh, sbh, True) \
-                    + h3
-                cp = _hprev(hs, c0, rn, t, rj, N, L, H, W, sc0n, sc0k, 1)
-                c = _sigmoid(af) * cp + _sigmoid(ai) * _tanh(ag, NT, INTERP)
-                h = _sigmoid(ao) * _tanh(c, NT, INTERP)
-                tl.store(out, h.to(CT), mask=m)
-                tl.store(out + H, c.to(CT), mask=m)
+                    h = _tanh(a, INTERP)
+                tl.store(out, h.to(COMPUTE_TYPE), mask=mask)
+            elif CELL == CELL_LSTM:
+                ai = _input_side(xp, rows, t, units, 0, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                 GATES, True) + hh0
+                af = _input_side(xp, rows, t, units, 1, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                 GATES, True) + hh1
+                ag = _input_side(xp, rows, t, units, 2, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                 GATES, True) + hh2
+                ao = _input_side(xp, rows, t, units, 3, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                 GATES, True) + hh3
+                c_prev = _previous_state(states, c0, rows, t, units, N, L, H, W, c0_batch_stride,
+                                         c0_hidden_stride, CELL_STATE)
+                c = numerics.sigmoid(af) * c_prev + numerics.sigmoid(ai) * _tanh(ag, INTERP)
+                h = numerics.sigmoid(ao) * _tanh(c, INTERP)
+                tl.store(out, h.to(COMPUTE_TYPE), mask=mask)
+                tl.store(out + H, c.to(COMPUTE_TYPE), mask=mask)
             else:
-                h0_, h1, h2, h3 = _hh_all(hs, h0, rn, t, rj, N, L, H, W, sh0n, sh0k, whh, swr, swk, G,
-                                          BN, BJ, BK, F64)
-                r = _sigmoid(_pre(xp, rn, t, rj, 0, N, L, H, GH, bih, sbi, bhh, sbh, True)
-                             + h0_)
-                az = _pre(xp, rn, t, rj, 1, N, L, H, GH, bih, sbi, bhh, sbh, True) + h1
-                hn = h2 \
-                    + _bias(bhh, sbh, 2, rj, H, CT)
-                nn = _tanh(_pre(xp, rn, t, rj, 2, N, L, H, GH, bih, sbi, bhh, sbh, False) + r * hn, NT, INTERP)
-                hp = _hprev(hs, h0, rn, t, rj, N, L, H, W, sh0n, sh0k, 0)
-                h = _sigmoid(-az) * nn + _sigmoid(az) * hp
-                tl.store(out, h.to(CT), mask=m)
+                r = numerics.sigmoid(_input_side(xp, rows, t, units, 0, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                         GATES, True) + hh0)
+                az = _input_side(xp, rows, t, units, 1, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                 GATES, True) + hh1
+                hn = hh2 + _gate_bias(b_hh, b_hh_stride, 2, units, H, COMPUTE_TYPE)
+                n = _tanh(_input_side(xp, rows, t, units, 2, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                      GATES, False) + r * hn, INTERP)
+                h_prev = _previous_state(states, h0, rows, t, units, N, L, H, W, h0_batch_stride,
+                                         h0_hidden_stride, HIDDEN_STATE)
+                h = numerics.sigmoid(-az) * n + numerics.sigmoid(az) * h_prev
+                tl.store(out, h.to(COMPUTE_TYPE), mask=mask)
         tl.debug_barrier()
 
 
 # --- backward -----------------------------------------------------------------------------
 
 @triton.jit
-def _dg_whh(dgh, rn, t, ok, rj, N, L, H, GH, whh, swr, swk,
-            BN: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr, F64: tl.constexpr):
-    """dAh_t @ w_hh for the block (BN, BJ): the gradient reaching h_{t-1}
-    (zero unless ``ok``: there is no step t)."""
-    acc = tl.zeros((BN, BJ), dtype=dgh.dtype.element_ty)
-    if ok:                       # a branch, not a mask term (see _hprev)
-        for k0 in range(0, GH, BK):
-            rk = k0 + tl.arange(0, BK)
-            d = tl.load(dgh + rn[:, None] * L * GH + t * GH + rk[None, :],
-                        mask=(rn < N)[:, None] & (rk < GH)[None, :], other=0.0)
-            w = tl.load(whh + rk[:, None] * swr + rj[None, :] * swk,
-                        mask=(rk < GH)[:, None] & (rj < H)[None, :], other=0.0)
-            acc += _dot(d, w.to(dgh.dtype.element_ty), F64)
+def _to_previous_state(dgh, rows, t, has_step, units, N, L, H, w_hh, w_hh_row_stride, w_hh_col_stride,
+                       GATES: tl.constexpr, BLOCK_SIZE_BATCH: tl.constexpr, BLOCK_SIZE_HIDDEN: tl.constexpr,
+                       BLOCK_SIZE_K: tl.constexpr, DOT: tl.constexpr):
+    """dAh_t @ w_hh for the block (BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN): the
+    gradient reaching h_{t-1} (zero unless ``has_step``: there is no step t)."""
+    gh = GATES * H
+    acc = tl.zeros((BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN), dtype=dgh.dtype.element_ty)
+    if has_step:                 # a branch, not a mask term (see _previous_state)
+        for k0 in range(0, gh, BLOCK_SIZE_K):
+            inner = k0 + tl.arange(0, BLOCK_SIZE_K)
+            d = tl.load(dgh + rows[:, None] * L * gh + t * gh + inner[None, :],
+                        mask=(rows < N)[:, None] & (inner < gh)[None, :], other=0.0)
+            w = tl.load(w_hh + inner[:, None] * w_hh_row_stride + units[None, :] * w_hh_col_stride,
+                        mask=(inner < gh)[:, None] & (units < H)[None, :], other=0.0)
+            acc = numerics.dot(acc, d, w.to(dgh.dtype.element_ty), DOT)
     return acc
 
 
 @triton.jit
-def _backward_kernel(xp, h0, c0, whh, bih, bhh, hs, grad, dgi, dgh, carry, dh0, dc0, N, L, H,
-                     sh0n, sh0k, sc0n, sc0k, swr, swk, sbi, sbh, sgn, sgt, sgk,
-                     CELL: tl.constexpr, RELU: tl.constexpr, G: tl.constexpr,
-                     BN: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr,
-                     F64: tl.constexpr, NT: tl.constexpr, INTERP: tl.constexpr):
-    """BPTT for BN batch rows: gate gradients of every step into ``dgi`` (input
-    side) and ``dgh`` (hidden side; the same buffer except for the GRU),
-    ``carry`` (N, H) holds the elementwise path to the previous step (LSTM:
-    dc_t * f_t, GRU: dh_t * z_t); at the end dh0 (and dc0)."""
-    CT: tl.constexpr = hs.dtype.element_ty
-    rn = tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
-    GH = G * H
+def _backward_kernel(xp, h0, c0, w_hh, b_ih, b_hh, states, grad, dgi, dgh, carry, dh0, dc0, N, L, H,
+                     h0_batch_stride, h0_hidden_stride, c0_batch_stride, c0_hidden_stride,
+                     w_hh_row_stride, w_hh_col_stride, b_ih_stride, b_hh_stride,
+                     grad_batch_stride, grad_time_stride, grad_hidden_stride,
+                     CELL: tl.constexpr, RELU: tl.constexpr, GATES: tl.constexpr,
+                     BLOCK_SIZE_BATCH: tl.constexpr, BLOCK_SIZE_HIDDEN: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                     DOT: tl.constexpr, INTERP: tl.constexpr):
+    """BPTT for BLOCK_SIZE_BATCH batch rows: gate gradients of every step into
+    ``dgi`` (input side) and ``dgh`` (hidden side; the same buffer except for
+    the GRU), ``carry`` (N, H) holds the elementwise path to the previous step
+    (LSTM: dc_t * f_t, GRU: dh_t * z_t); at the end dh0 (and dc0)."""
+    COMPUTE_TYPE: tl.constexpr = states.dtype.element_ty
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_SIZE_BATCH + tl.arange(0, BLOCK_SIZE_BATCH)
+    gh = GATES * H
     W = H
-    if CELL == 1:
+    if CELL == CELL_LSTM:
         W = 2 * H
     for tt in range(0, L):
         t = L - 1 - tt
-        for j0 in range(0, H, BJ):
-            rj = j0 + tl.arange(0, BJ)
-            m = (rn < N)[:, None] & (rj < H)[None, :]
-            gptr = grad + rn[:, None] * sgn + t * sgt + rj[None, :] * sgk
-            dh = tl.load(gptr, mask=m, other=0.0).to(CT)
-            dh += _dg_whh(dgh, rn, t + 1, t < L - 1, rj, N, L, H, GH, whh, swr, swk, BN, BJ, BK, F64)
-            cptr = carry + rn[:, None] * H + rj[None, :]
-            cin = tl.zeros((BN, BJ), dtype=carry.dtype.element_ty)
-            if t < L - 1:            # the carry from step t+1 (a branch: see _hprev)
-                cin = tl.load(cptr, mask=m, other=0.0)
-            di = dgi + rn[:, None] * L * GH + t * GH + rj[None, :]
-            dhh = dgh + rn[:, None] * L * GH + t * GH + rj[None, :]
-            if CELL == 0:
+        for j0 in range(0, H, BLOCK_SIZE_HIDDEN):
+            units = j0 + tl.arange(0, BLOCK_SIZE_HIDDEN)
+            mask = (rows < N)[:, None] & (units < H)[None, :]
+            grad_ptrs = grad + rows[:, None] * grad_batch_stride + t * grad_time_stride \
+                + units[None, :] * grad_hidden_stride
+            dh = tl.load(grad_ptrs, mask=mask, other=0.0).to(COMPUTE_TYPE)
+            dh += _to_previous_state(dgh, rows, t + 1, t < L - 1, units, N, L, H, w_hh, w_hh_row_stride,
+                                     w_hh_col_stride, GATES, BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN, BLOCK_SIZE_K,
+                                     DOT)
+            carry_ptrs = carry + rows[:, None] * H + units[None, :]
+            carry_in = tl.zeros((BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN), dtype=carry.dtype.element_ty)
+            if t < L - 1:            # the carry from step t+1 (a branch: see _previous_state)
+                carry_in = tl.load(carry_ptrs, mask=mask, other=0.0)
+            dgi_ptrs = dgi + rows[:, None] * L * gh + t * gh + units[None, :]
+            dgh_ptrs = dgh + rows[:, None] * L * gh + t * gh + units[None, :]
+            if CELL == CELL_RNN:
                 if RELU:
-                    hcur = tl.load(hs + rn[:, None] * L * W + t * W + rj[None, :], mask=m, other=0.0)
-                    da = tl.where(hcur > 0, dh, 0.0)
+                    h = tl.load(states + rows[:, None] * L * W + t * W + units[None, :], mask=mask, other=0.0)
+                    da = tl.where(h > 0, dh, 0.0)
                 else:
-                    h0_, h1, h2, h3 = _hh_all(hs, h0, rn, t, rj, N, L, H, W, sh0n, sh0k, whh, swr, swk, G,
-                                              BN, BJ, BK, F64)
-                    da = dh * _dtanh(_pre(xp, rn, t, rj, 0, N, L, H, GH, bih, sbi, bhh, sbh, True) + h0_)
-                tl.store(di, da, mask=m)
-            elif CELL == 1:
-                h0_, h1, h2, h3 = _hh_all(hs, h0, rn, t, rj, N, L, H, W, sh0n, sh0k, whh, swr, swk, G,
-                                          BN, BJ, BK, F64)
+                    hh0, hh1, hh2, hh3 = _hidden_side(states, h0, rows, t, units, N, L, H, W,
+                                                      h0_batch_stride, h0_hidden_stride,
+                                                      w_hh, w_hh_row_stride, w_hh_col_stride, GATES,
+                                                      BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN, BLOCK_SIZE_K, DOT)
+                    da = dh * _dtanh(_input_side(xp, rows, t, units, 0, N, L, H, b_ih, b_ih_stride, b_hh,
+                                                 b_hh_stride, GATES, True) + hh0)
+                tl.store(dgi_ptrs, da, mask=mask)
+            elif CELL == CELL_LSTM:
+                hh0, hh1, hh2, hh3 = _hidden_side(states, h0, rows, t, units, N, L, H, W,
+                                                  h0_batch_stride, h0_hidden_stride,
+                                                  w_hh, w_hh_row_stride, w_hh_col_stride, GATES,
+                                                  BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN, BLOCK_SIZE_K, DOT)
                 # derivatives without cancellation: s (1 - s) = s sigmoid(-a), 1 - tanh^2 by _dtanh
-                ai = _pre(xp, rn, t, rj, 0, N, L, H, GH, bih, sbi, bhh, sbh, True) + h0_
-                af = _pre(xp, rn, t, rj, 1, N, L, H, GH, bih, sbi, bhh, sbh, True) + h1
-                ag = _pre(xp, rn, t, rj, 2, N, L, H, GH, bih, sbi, bhh, sbh, True) + h2
-                ao = _pre(xp, rn, t, rj, 3, N, L, H, GH, bih, sbi, bhh, sbh, True) + h3
-                i = _sigmoid(ai)
-                f = _sigmoid(af)
-                g = _tanh(ag, NT, INTERP)
-                o = _sigmoid(ao)
-                c = tl.load(hs + rn[:, None] * L * W + t * W + H + rj[None, :], mask=m, other=0.0)
-                cp = _hprev(hs, c0, rn, t, rj, N, L, H, W, sc0n, sc0k, 1)
-                tc = _tanh(c, NT, INTERP)
-                gc = tl.load(gptr + H * sgk, mask=m, other=0.0).to(CT)
-                dc = gc + cin + dh * o * _dtanh(c)
-                tl.store(di, dc * g * i * _sigmoid(-ai), mask=m)
-                tl.store(di + H, dc * cp * f * _sigmoid(-af), mask=m)
-                tl.store(di + 2 * H, dc * i * _dtanh(ag), mask=m)
-                tl.store(di + 3 * H, dh * tc * o * _sigmoid(-ao), mask=m)
-                tl.store(cptr, dc * f, mask=m)
+                ai = _input_side(xp, rows, t, units, 0, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                 GATES, True) + hh0
+                af = _input_side(xp, rows, t, units, 1, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                 GATES, True) + hh1
+                ag = _input_side(xp, rows, t, units, 2, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                 GATES, True) + hh2
+                ao = _input_side(xp, rows, t, units, 3, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                 GATES, True) + hh3
+                i = numerics.sigmoid(ai)
+                f = numerics.sigmoid(af)
+                g = _tanh(ag, INTERP)
+                o = numerics.sigmoid(ao)
+                c = tl.load(states + rows[:, None] * L * W + t * W + H + units[None, :], mask=mask, other=0.0)
+                c_prev = _previous_state(states, c0, rows, t, units, N, L, H, W, c0_batch_stride,
+                                         c0_hidden_stride, CELL_STATE)
+                tanh_c = _tanh(c, INTERP)
+                grad_c = tl.load(grad_ptrs + H * grad_hidden_stride, mask=mask, other=0.0).to(COMPUTE_TYPE)
+                dc = grad_c + carry_in + dh * o * _dtanh(c)
+                tl.store(dgi_ptrs, dc * g * i * numerics.sigmoid(-ai), mask=mask)
+                tl.store(dgi_ptrs + H, dc * c_prev * f * numerics.sigmoid(-af), mask=mask)
+                tl.store(dgi_ptrs + 2 * H, dc * i * _dtanh(ag), mask=mask)
+                tl.store(dgi_ptrs + 3 * H, dh * tanh_c * o * numerics.sigmoid(-ao), mask=mask)
+                tl.store(carry_ptrs, dc * f, mask=mask)
             else:
-                h0_, h1, h2, h3 = _hh_all(hs, h0, rn, t, rj, N, L, H, W, sh0n, sh0k, whh, swr, swk, G,
-                                          BN, BJ, BK, F64)
-                dh += cin
-                ar = _pre(xp, rn, t, rj, 0, N, L, H, GH, bih, sbi, bhh, sbh, True) + h0_
-                az = _pre(xp, rn, t, rj, 1, N, L, H, GH, bih, sbi, bhh, sbh, True) + h1
-                r = _sigmoid(ar)
-                z = _sigmoid(az)
-                omz = _sigmoid(-az)        # 1 - z without cancellation
-                hn = h2 \
-                    + _bias(bhh, sbh, 2, rj, H, CT)
-                an = _pre(xp, rn, t, rj, 2, N, L, H, GH, bih, sbi, bhh, sbh, False) + r * hn
-                nn = _tanh(an, NT, INTERP)
-                hp = _hprev(hs, h0, rn, t, rj, N, L, H, W, sh0n, sh0k, 0)
-                dn = dh * omz * _dtanh(an)
-                dr = dn * hn * r * _sigmoid(-ar)
-                dz = dh * (hp - nn) * z * omz
-                tl.store(di, dr, mask=m)
-                tl.store(di + H, dz, mask=m)
-                tl.store(di + 2 * H, dn, mask=m)
-                tl.store(dhh, dr, mask=m)
-                tl.store(dhh + H, dz, mask=m)
-                tl.store(dhh + 2 * H, dn * r, mask=m)
-                tl.store(cptr, dh * z, mask=m)
+                hh0, hh1, hh2, hh3 = _hidden_side(states, h0, rows, t, units, N, L, H, W,
+                                                  h0_batch_stride, h0_hidden_stride,
+                                                  w_hh, w_hh_row_stride, w_hh_col_stride, GATES,
+                                                  BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN, BLOCK_SIZE_K, DOT)
+                dh += carry_in
+                ar = _input_side(xp, rows, t, units, 0, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                 GATES, True) + hh0
+                az = _input_side(xp, rows, t, units, 1, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                 GATES, True) + hh1
+                r = numerics.sigmoid(ar)
+                z = numerics.sigmoid(az)
+                one_minus_z = numerics.sigmoid(-az)        # 1 - z without cancellation
+                hn = hh2 + _gate_bias(b_hh, b_hh_stride, 2, units, H, COMPUTE_TYPE)
+                an = _input_side(xp, rows, t, units, 2, N, L, H, b_ih, b_ih_stride, b_hh, b_hh_stride,
+                                 GATES, False) + r * hn
+                n = _tanh(an, INTERP)
+                h_prev = _previous_state(states, h0, rows, t, units, N, L, H, W, h0_batch_stride,
+                                         h0_hidden_stride, HIDDEN_STATE)
+                dn = dh * one_minus_z * _dtanh(an)
+                dr = dn * hn * r * numerics.sigmoid(-ar)
+                dz = dh * (h_prev - n) * z * one_minus_z
+                tl.store(dgi_ptrs, dr, mask=mask)
+                tl.store(dgi_ptrs + H, dz, mask=mask)
+                tl.store(dgi_ptrs + 2 * H, dn, mask=mask)
+                tl.store(dgh_ptrs, dr, mask=mask)
+                tl.store(dgh_ptrs + H, dz, mask=mask)
+                tl.store(dgh_ptrs + 2 * H, dn * r, mask=mask)
+                tl.store(carry_ptrs, dh * z, mask=mask)
         tl.debug_barrier()
     # the gradients of the initial state
-    for j0 in range(0, H, BJ):
-        rj = j0 + tl.arange(0, BJ)
-        m = (rn < N)[:, None] & (rj < H)[None, :]
-        d = _dg_whh(dgh, rn, 0, L > 0, rj, N, L, H, GH, whh, swr, swk, BN, BJ, BK, F64)
-        cin = tl.load(carry + rn[:, None] * H + rj[None, :], mask=m, other=0.0)
-        if CELL == 2:
-            d += cin
-        tl.store(dh0 + rn[:, None] * H + rj[None, :], store_value(d, dh0.dtype.element_ty, INTERP), mask=m)
-        if CELL == 1:
-            tl.store(dc0 + rn[:, None] * H + rj[None, :], store_value(cin, dc0.dtype.element_ty, INTERP),
-                     mask=m)
+    for j0 in range(0, H, BLOCK_SIZE_HIDDEN):
+        units = j0 + tl.arange(0, BLOCK_SIZE_HIDDEN)
+        mask = (rows < N)[:, None] & (units < H)[None, :]
+        d = _to_previous_state(dgh, rows, 0, L > 0, units, N, L, H, w_hh, w_hh_row_stride, w_hh_col_stride,
+                               GATES, BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN, BLOCK_SIZE_K, DOT)
+        carry_in = tl.load(carry + rows[:, None] * H + units[None, :], mask=mask, other=0.0)
+        if CELL == CELL_GRU:
+            d += carry_in
+        tl.store(dh0 + rows[:, None] * H + units[None, :], store_value(d, dh0.dtype.element_ty, INTERP),
+                 mask=mask)
+        if CELL == CELL_LSTM:
+            tl.store(dc0 + rows[:, None] * H + units[None, :], store_value(carry_in, dc0.dtype.element_ty, INTERP),
+                     mask=mask)
 
 
 @triton.jit
 def _weight_sum_kernel(a, b, b0, out, R, C, M, L,
-                       sbn, sbt, sbc, sb0n, sb0c, sor, soc,
-                       SHIFT: tl.constexpr, ONES: tl.constexpr, F64: tl.constexpr,
-                       BR: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, INTERP: tl.constexpr):
+                       b_batch_stride, b_time_stride, b_col_stride, b0_batch_stride, b0_col_stride,
+                       out_row_stride, out_col_stride,
+                       SHIFT: tl.constexpr, ONES: tl.constexpr, DOT: tl.constexpr,
+                       BLOCK_SIZE_R: tl.constexpr, BLOCK_SIZE_C: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
+                       INTERP: tl.constexpr):
     """out[r, c] = sum over rows m = (n, t) of a[m, r] * b[n, t, c] (a dense
     (N*L, R)). SHIFT: b's row is step t-1, and b0[n] at t = 0 (h_{t-1}).
     ONES: out[r, 0] = sum_m a[m, r] (the bias gradients)."""
-    CT: tl.constexpr = a.dtype.element_ty
-    rr = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    rc = tl.program_id(1).to(tl.int64) * BC + tl.arange(0, BC)
-    acc = tl.zeros((BR, BC), dtype=CT)
-    for m0 in range(0, M, BM):
-        rm = m0 + tl.arange(0, BM).to(tl.int64)
-        mm = rm < M
-        av = tl.load(a + rm[None, :] * R + rr[:, None], mask=(rr < R)[:, None] & mm[None, :], other=0.0)
+    COMPUTE_TYPE: tl.constexpr = a.dtype.element_ty
+    out_rows = tl.program_id(0).to(tl.int64) * BLOCK_SIZE_R + tl.arange(0, BLOCK_SIZE_R)
+    out_cols = tl.program_id(1).to(tl.int64) * BLOCK_SIZE_C + tl.arange(0, BLOCK_SIZE_C)
+    acc = tl.zeros((BLOCK_SIZE_R, BLOCK_SIZE_C), dtype=COMPUTE_TYPE)
+    for m0 in range(0, M, BLOCK_SIZE_M):
+        steps = m0 + tl.arange(0, BLOCK_SIZE_M).to(tl.int64)
+        steps_mask = steps < M
+        a_block = tl.load(a + steps[None, :] * R + out_rows[:, None],
+                          mask=(out_rows < R)[:, None] & steps_mask[None, :], other=0.0)
         if ONES:
-            acc += tl.sum(av, axis=1)[:, None]
+            acc += tl.sum(a_block, axis=1)[:, None]
         else:
-            n = rm // L
-            t = rm % L
-            bm = mm[:, None] & (rc < C)[None, :]
+            n = steps // L
+            t = steps % L
+            b_mask = steps_mask[:, None] & (out_cols < C)[None, :]
             if SHIFT:
-                bv = tl.load(b + n[:, None] * sbn + (t - 1)[:, None] * sbt + rc[None, :] * sbc,
-                             mask=bm & (t > 0)[:, None], other=0.0).to(CT)
-                bv += tl.load(b0 + n[:, None] * sb0n + rc[None, :] * sb0c,
-                              mask=bm & (t == 0)[:, None], other=0.0).to(CT)
+                b_block = tl.load(b + n[:, None] * b_batch_stride + (t - 1)[:, None] * b_time_stride
+                                  + out_cols[None, :] * b_col_stride,
+                                  mask=b_mask & (t > 0)[:, None], other=0.0).to(COMPUTE_TYPE)
+                b_block += tl.load(b0 + n[:, None] * b0_batch_stride + out_cols[None, :] * b0_col_stride,
+                                   mask=b_mask & (t == 0)[:, None], other=0.0).to(COMPUTE_TYPE)
             else:
-                bv = tl.load(b + n[:, None] * sbn + t[:, None] * sbt + rc[None, :] * sbc,
-                             mask=bm, other=0.0).to(CT)
-            acc += _dot(av, bv, F64)
-    tl.store(out + rr[:, None] * sor + rc[None, :] * soc, store_value(acc, out.dtype.element_ty, INTERP),
-             mask=(rr < R)[:, None] & (rc < C)[None, :])
+                b_block = tl.load(b + n[:, None] * b_batch_stride + t[:, None] * b_time_stride
+                                  + out_cols[None, :] * b_col_stride, mask=b_mask, other=0.0).to(COMPUTE_TYPE)
+            acc = numerics.dot(acc, a_block, b_block, DOT)
+    tl.store(out + out_rows[:, None] * out_row_stride + out_cols[None, :] * out_col_stride,
+             store_value(acc, out.dtype.element_ty, INTERP),
+             mask=(out_rows < R)[:, None] & (out_cols < C)[None, :])
 
 
 # --- host side ------------------------------------------------------------------------------
 
-def _ct(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def _spec(primitive, inputs, activation=None):
+    """The recurrent spec of the tensors ``inputs`` (in the primitive's order)."""
+    return recurrent_spec(primitive, tuple(t.shape for t in inputs), tuple(t.dtype for t in inputs), activation)
 
 
 def _blocks(n, h, f64):
-    p2 = common.next_pow2
-    if common.INTERPRET:
+    """(BLOCK_SIZE_BATCH, BLOCK_SIZE_HIDDEN, BLOCK_SIZE_K) for batch n, hidden size h."""
+    p2 = launch.next_pow2
+    if launch.INTERPRET:
         return min(p2(n), 64), min(p2(h), 64), min(p2(h), 64)
     if f64:
         return 16, 16, 16
     return 16, max(16, min(p2(h), 64)), max(16, min(p2(h), 32))
 
 
-def _check(name, cell, x, h0, w_ih, w_hh, b_ih, b_hh, c0=None):
-    g = _GATES[cell]
-    tensors = (x, h0, w_ih, w_hh, b_ih, b_hh) + (() if c0 is None else (c0,))
-    dts = {t.dtype for t in tensors}
-    if len(dts) != 1 or not x.dtype.is_floating_point:
-        raise DTypeError(f"{name}: every input must have one floating dtype, got "
-                         f"{', '.join(sorted(str(d) for d in dts))}; convert with `f32(...)` first")
-    if x.dim() != 3:
-        raise ShapeError(f"{name}: x must have shape (N, L, in), got {tuple(x.shape)}")
-    if w_hh.dim() != 2 or w_hh.shape[0] != g * w_hh.shape[1]:
-        raise ShapeError(f"{name}: w_hh must have shape ({g}*H, H), got {tuple(w_hh.shape)}")
-    n, _, i = x.shape
-    h = w_hh.shape[1]
-    want = [("h0", h0, (n, h)), ("w_ih", w_ih, (g * h, i)), ("b_ih", b_ih, (g * h,)),
-            ("b_hh", b_hh, (g * h,))]
-    if c0 is not None:
-        want.append(("c0", c0, (n, h)))
-    for k, v, shape in want:
-        if tuple(v.shape) != shape:
-            raise ShapeError(f"{name}: {k} must have shape {shape} for x of shape {tuple(x.shape)} "
-                             f"and hidden size {h}, got {tuple(v.shape)}")
-    return h
+def _kernel_options(spec, compute_dtype):
+    """The constexpr arguments of the time-loop kernels for ``spec``."""
+    f64 = compute_dtype == torch.float64
+    bn, bj, bk = _blocks(spec.batch, spec.hidden_size, f64)
+    return dict(CELL=_CELLS[spec.primitive].value, RELU=spec.activation == "relu", GATES=spec.gates,
+                BLOCK_SIZE_BATCH=bn, BLOCK_SIZE_HIDDEN=bj, BLOCK_SIZE_K=bk,
+                DOT=numerics.dot_kind(compute_dtype), INTERP=launch.INTERPRET)
 
 
-def _states(cell, x, h0, c0, w_ih, w_hh, b_ih, b_hh, relu, xp=None):
-    """(hs, xp): every state in the compute type ((N, L, H), LSTM (N, L, 2H)) and
-    the input projections (N, L, G*H)."""
-    n, length, _ = x.shape
-    h = w_hh.shape[1]
-    ct = _ct(x.dtype)
-    width = 2 * h if cell == _CELL_LSTM else h
-    hs = common.empty((n, length, width), ct, x.device)
+def _states(spec, x, h0, c0, w_ih, w_hh, b_ih, b_hh, xp=None):
+    """(states, xp): every state in the compute type ((N, L, H), LSTM
+    (N, L, 2H)) and the input projections (N, L, G*H)."""
+    compute_dtype = to_torch(spec.compute_dtype)
+    states = launch.empty(spec.out_shape, compute_dtype, x.device)
     if xp is None:
-        xp = _mm(x, w_ih.transpose(0, 1), out_dtype=ct)
-    f64 = ct == torch.float64
-    bn, bj, bk = _blocks(n, h, f64)
+        xp = matrix_product(x, w_ih.transpose(0, 1), out_dtype=compute_dtype)
+    options = _kernel_options(spec, compute_dtype)
     c0_ = h0 if c0 is None else c0
-    common.launch(_forward_kernel, (common.cdiv(n, bn),), xp, h0, c0_, w_hh, b_ih, b_hh, hs, n, length, h,
+    launch.launch(_forward_kernel, (launch.cdiv(spec.batch, options["BLOCK_SIZE_BATCH"]),),
+                  xp, h0, c0_, w_hh, b_ih, b_hh, states, spec.batch, spec.length, spec.hidden_size,
                   h0.stride(0), h0.stride(1), c0_.stride(0), c0_.stride(1), w_hh.stride(0), w_hh.stride(1),
-                  b_ih.stride(0), b_hh.stride(0),
-                  CELL=cell, RELU=relu, G=_GATES[cell], BN=bn, BJ=bj, BK=bk, F64=f64,
-                  NT=17 if f64 else 9, INTERP=common.INTERPRET)
-    return hs, xp
+                  b_ih.stride(0), b_hh.stride(0), **options)
+    return states, xp
 
 
-def _forward(name, cell, x, h0, c0, w_ih, w_hh, b_ih, b_hh, relu=False):
-    h = _check(name, cell, x, h0, w_ih, w_hh, b_ih, b_hh, c0)
-    n, length, _ = x.shape
-    width = 2 * h if cell == _CELL_LSTM else h
-    if n * length * h == 0:
-        return common.empty((n, length, width), x.dtype, x.device)
-    hs, _ = _states(cell, x, h0, c0, w_ih, w_hh, b_ih, b_hh, relu)
-    return common.cast(hs, x.dtype)
+def _forward(spec, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    if spec.batch * spec.length * spec.hidden_size == 0:
+        return launch.empty(spec.out_shape, x.dtype, x.device)
+    states, _ = _states(spec, x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    return copy.cast(states, x.dtype)
 
 
 def _weight_sum(a, b, b0, out_shape, dtype, shift=False, ones=False):
     """The (R, C) sum over (n, t) of a[n, t, :]^T b[n, t, :] (see the kernel)."""
     n, length, r = a.shape
     c = 1 if ones else out_shape[-1]
-    out = common.empty(out_shape, dtype, a.device)
+    out = launch.empty(out_shape, dtype, a.device)
     if out.numel() == 0:
         return out
     m = n * length
     if m == 0:
-        return common.full(out_shape, 0.0, dtype, a.device)
+        return copy.full(out_shape, 0.0, dtype, a.device)
     f64 = a.dtype == torch.float64
-    p2 = common.next_pow2
-    if common.INTERPRET:
+    p2 = launch.next_pow2
+    if launch.INTERPRET:
         br, bc, bm = min(p2(r), 128), min(p2(c), 128), min(p2(m), 256)
     elif f64:
         br, bc, bm = 16, 16, 16
     else:
         br, bc, bm = 32, 32, 32
     o2 = out.view(r, c)
-    bs = (0, 0, 0) if ones else tuple(b.stride())
-    b0s = (0, 0) if b0 is None else tuple(b0.stride())
-    common.launch(_weight_sum_kernel, (common.cdiv(r, br), common.cdiv(c, bc)), a, a if ones else b,
-                  a if b0 is None else b0, o2, r, c, m, length, *bs, *b0s, o2.stride(0), o2.stride(1),
-                  SHIFT=shift, ONES=ones, F64=f64, BR=br, BC=bc, BM=bm, INTERP=common.INTERPRET)
+    b_strides = (0, 0, 0) if ones else tuple(b.stride())
+    b0_strides = (0, 0) if b0 is None else tuple(b0.stride())
+    launch.launch(_weight_sum_kernel, (launch.cdiv(r, br), launch.cdiv(c, bc)), a, a if ones else b,
+                  a if b0 is None else b0, o2, r, c, m, length, *b_strides, *b0_strides,
+                  o2.stride(0), o2.stride(1), SHIFT=shift, ONES=ones, DOT=numerics.dot_kind(a.dtype),
+                  BLOCK_SIZE_R=br, BLOCK_SIZE_C=bc, BLOCK_SIZE_M=bm, INTERP=launch.INTERPRET)
     return out
 
 
-def _backward(name, cell, grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh, relu=False):
-    h = _check(name, cell, x, h0, w_ih, w_hh, b_ih, b_hh, c0)
-    n, length, i = x.shape
-    g = _GATES[cell]
+def _backward(spec, grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    n, length, h = spec.batch, spec.length, spec.hidden_size
     dev, dt = x.device, x.dtype
 
     def zeros(t):
-        return common.full(tuple(t.shape), 0.0, t.dtype, dev)
+        return copy.full(tuple(t.shape), 0.0, t.dtype, dev)
 
     if n * length * h == 0:
         gs = [zeros(x), zeros(h0)] + ([] if c0 is None else [zeros(c0)]) + \
              [zeros(w_ih), zeros(w_hh), zeros(b_ih), zeros(b_hh)]
         return tuple(gs)
-    ct = _ct(dt)
-    xp = _mm(x, w_ih.transpose(0, 1), out_dtype=ct)
+    ct = to_torch(spec.compute_dtype)
+    xp = matrix_product(x, w_ih.transpose(0, 1), out_dtype=ct)
     if out.dtype == ct:
-        hs = common.contiguous(out)
+        states = copy.contiguous(out)
     else:   # the output was rounded: recompute the states in the compute type
-        hs, _ = _states(cell, x, h0, c0, w_ih, w_hh, b_ih, b_hh, relu, xp=xp)
-    dgi = common.empty((n, length, g * h), ct, dev)
-    dgh = common.empty((n, length, g * h), ct, dev) if cell == _CELL_GRU else dgi
-    carry = common.empty((n, h), ct, dev)
-    dh0 = common.empty((n, h), h0.dtype, dev)
-    dc0 = common.empty((n, h), c0.dtype, dev) if c0 is not None else dh0
+        states, _ = _states(spec, x, h0, c0, w_ih, w_hh, b_ih, b_hh, xp=xp)
+    gate_width = spec.gates * h
+    dgi = launch.empty((n, length, gate_width), ct, dev)
+    dgh = launch.empty((n, length, gate_width), ct, dev) if spec.primitive == "gru_sequence" else dgi
+    carry = launch.empty((n, h), ct, dev)
+    dh0 = launch.empty((n, h), h0.dtype, dev)
+    dc0 = launch.empty((n, h), c0.dtype, dev) if c0 is not None else dh0
     c0_ = h0 if c0 is None else c0
-    f64 = ct == torch.float64
-    bn, bj, bk = _blocks(n, h, f64)
-    common.launch(_backward_kernel, (common.cdiv(n, bn),), xp, h0, c0_, w_hh, b_ih, b_hh, hs, grad,
-                  dgi, dgh, carry, dh0, dc0, n, length, h,
+    options = _kernel_options(spec, ct)
+    launch.launch(_backward_kernel, (launch.cdiv(n, options["BLOCK_SIZE_BATCH"]),),
+                  xp, h0, c0_, w_hh, b_ih, b_hh, states, grad, dgi, dgh, carry, dh0, dc0, n, length, h,
                   h0.stride(0), h0.stride(1), c0_.stride(0), c0_.stride(1), w_hh.stride(0), w_hh.stride(1),
-                  b_ih.stride(0), b_hh.stride(0), grad.stride(0), grad.stride(1), grad.stride(2),
-                  CELL=cell, RELU=relu, G=g, BN=bn, BJ=bj, BK=bk, F64=f64, NT=17 if f64 else 9,
-                  INTERP=common.INTERPRET)
-    dx = _mm(dgi, common.cast(w_ih, ct), out_dtype=dt)
+                  b_ih.stride(0), b_hh.stride(0), grad.stride(0), grad.stride(1), grad.stride(2), **options)
+    dx = matrix_product(dgi, copy.cast(w_ih, ct), out_dtype=dt)
     dw_ih = _weight_sum(dgi, x, None, tuple(w_ih.shape), w_ih.dtype)
-    hview = hs if cell != _CELL_LSTM else hs[:, :, :h]
-    dw_hh = _weight_sum(dgh, hview, h0, tuple(w_hh.shape), w_hh.dtype, shift=True)
+    h_states = states if spec.primitive != "lstm_sequence" else states[:, :, :h]
+    dw_hh = _weight_sum(dgh, h_states, h0, tuple(w_hh.shape), w_hh.dtype, shift=True)
     db_ih = _weight_sum(dgi, None, None, tuple(b_ih.shape), b_ih.dtype, ones=True)
     db_hh = _weight_sum(dgh, None, None, tuple(b_hh.shape), b_hh.dtype, ones=True)
     gs = [dx, dh0] + ([] if c0 is None else [dc0]) + [dw_ih, dw_hh, db_ih, db_hh]
@@ -493,32 +515,35 @@ def _backward(name, cell, grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh, relu=Fal
 
 def rnn_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
     """See ``reference.rnn.rnn_sequence_forward``: GEMM, then one launch for the time loop."""
-    if activation not in ("tanh", "relu"):
-        raise ValueError(f"rnn_sequence: activation must be 'tanh' or 'relu', got {activation!r}")
-    return _forward("rnn_sequence", _CELL_RNN, x, h0, None, w_ih, w_hh, b_ih, b_hh, activation == "relu")
+    spec = _spec("rnn_sequence", (x, h0, w_ih, w_hh, b_ih, b_hh), activation)
+    return _forward(spec, x, h0, None, w_ih, w_hh, b_ih, b_hh)
 
 
 def rnn_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
     """See ``reference.rnn.rnn_sequence_backward``: one launch for BPTT, then GEMM/sums."""
-    return _backward("rnn_sequence", _CELL_RNN, grad, out, x, h0, None, w_ih, w_hh, b_ih, b_hh,
-                     activation == "relu")
+    spec = _spec("rnn_sequence", (x, h0, w_ih, w_hh, b_ih, b_hh), activation)
+    return _backward(spec, grad, out, x, h0, None, w_ih, w_hh, b_ih, b_hh)
 
 
 def lstm_sequence_forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     """See ``reference.rnn.lstm_sequence_forward``; output [h_t, c_t] per step."""
-    return _forward("lstm_sequence", _CELL_LSTM, x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    spec = _spec("lstm_sequence", (x, h0, c0, w_ih, w_hh, b_ih, b_hh))
+    return _forward(spec, x, h0, c0, w_ih, w_hh, b_ih, b_hh)
 
 
 def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     """See ``reference.rnn.lstm_sequence_backward``."""
-    return _backward("lstm_sequence", _CELL_LSTM, grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    spec = _spec("lstm_sequence", (x, h0, c0, w_ih, w_hh, b_ih, b_hh))
+    return _backward(spec, grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh)
 
 
 def gru_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh):
     """See ``reference.rnn.gru_sequence_forward``."""
-    return _forward("gru_sequence", _CELL_GRU, x, h0, None, w_ih, w_hh, b_ih, b_hh)
+    spec = _spec("gru_sequence", (x, h0, w_ih, w_hh, b_ih, b_hh))
+    return _forward(spec, x, h0, None, w_ih, w_hh, b_ih, b_hh)
 
 
 def gru_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh):
     """See ``reference.rnn.gru_sequence_backward``."""
-    return _backward("gru_sequence", _CELL_GRU, grad, out, x, h0, None, w_ih, w_hh, b_ih, b_hh)
+    spec = _spec("gru_sequence", (x, h0, w_ih, w_hh, b_ih, b_hh))
+    return _backward(spec, grad, out, x, h0, None, w_ih, w_hh, b_ih, b_hh)

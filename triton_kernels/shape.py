@@ -2,13 +2,14 @@
 
 Wherever torch can express the result as a view (metadata only: view,
 permute, expand, as_strided) that is what we return. Where it cannot, values
-move with ``common.copy_into``, the strided copy kernel, which also accepts
+move with ``copy.copy_into``, the strided copy kernel, which also accepts
 negative strides (``x[::-1]``) and element offsets.
 """
-from triflux.reference.shape import (_concat_check, broadcast_check, index_region,
+from triflux.reference.shape import (broadcast_check, check_concat, index_region,
                                      normalise_index, normalise_perm, resolve_shape)
 
-from . import common
+from . import copy, launch
+from .reduce import unbroadcast
 
 
 def _reshape(t, shape):
@@ -16,7 +17,7 @@ def _reshape(t, shape):
     try:
         return t.view(shape)
     except RuntimeError:  # the layout cannot be regrouped without moving data
-        return common.contiguous(t).view(shape)
+        return copy.contiguous(t).view(shape)
 
 
 # --- reshape -------------------------------------------------------------------------------
@@ -49,19 +50,19 @@ def getitem_forward(x, *, index):
     items = normalise_index(index, tuple(x.shape))
     shape, strides, offset = index_region(items, x.stride())
     if any(s == 0 for s in shape):
-        return common.empty(shape, x.dtype, x.device)
+        return launch.empty(shape, x.dtype, x.device)
     if all(st >= 0 for st in strides):  # expressible as a torch view
         return x.as_strided(shape, strides, x.storage_offset() + offset)
     # negative steps: torch has no negative strides, so copy the region densely
-    out = common.empty(shape, x.dtype, x.device)
-    return common.copy_into(out, x, src_strides=strides, src_offset=offset, shape=shape)
+    out = launch.empty(shape, x.dtype, x.device)
+    return copy.copy_into(out, x, src_strides=strides, src_offset=offset, shape=shape)
 
 
 def getitem_backward(g, out, x, *, index):
-    dx = common.full(tuple(x.shape), 0.0, x.dtype, x.device)
+    dx = copy.full(tuple(x.shape), 0.0, x.dtype, x.device)
     items = normalise_index(index, tuple(x.shape))
     shape, strides, offset = index_region(items, dx.stride())
-    common.copy_into(dx, g, dst_strides=strides, dst_offset=offset, shape=shape)
+    copy.copy_into(dx, g, dst_strides=strides, dst_offset=offset, shape=shape)
     return (dx,)
 
 
@@ -72,20 +73,20 @@ def _slab(t, axis, start, size):
 
 
 def concat_forward(*xs, axis):
-    axis = _concat_check(xs, axis)
+    axis = check_concat(xs, axis)
     shape = list(xs[0].shape)
     shape[axis] = sum(x.shape[axis] for x in xs)
-    out = common.empty(shape, xs[0].dtype, xs[0].device)
+    out = launch.empty(shape, xs[0].dtype, xs[0].device)
     start = 0
     for x in xs:
         size = x.shape[axis]
-        common.copy_into(_slab(out, axis, start, size), x)
+        copy.copy_into(_slab(out, axis, start, size), x)
         start += size
     return out
 
 
 def concat_backward(g, out, *xs, axis):
-    axis = _concat_check(xs, axis)
+    axis = check_concat(xs, axis)
     grads, start = [], 0
     for x in xs:
         size = x.shape[axis]
@@ -101,14 +102,13 @@ def broadcast_to_forward(x, *, shape):
 
 
 def broadcast_to_backward(g, out, x, *, shape):
-    from .reduce import unbroadcast  # the summing kernels live with the reductions
     return (unbroadcast(g, tuple(x.shape)),)
 
 
 # --- contiguous ----------------------------------------------------------------------------
 
 def contiguous_forward(x):
-    return common.contiguous(x)
+    return copy.contiguous(x)
 
 
 def contiguous_backward(g, out, x):

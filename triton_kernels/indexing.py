@@ -1,0 +1,87 @@
+"""N-d strided indexing shared by the kernels: strides that broadcast,
+dimensions merged until most tensors index as 1-d or 2-d, the test for a
+tensor that is read at the linear index itself, and the one strided-offset
+helper (``nd_offset``) that maps a row-major linear index to an element
+offset."""
+import triton
+import triton.language as tl  # noqa: F401  (the interpreter looks for tl in a jit function's module)
+
+#: kernels index tensors of up to this many dimensions (after merging)
+MAX_DIMS = 6
+
+
+def broadcast_strides(t, out_shape):
+    """Strides (in elements) that read ``t`` broadcast to ``out_shape``."""
+    nd = len(out_shape)
+    shape = (1,) * (nd - t.dim()) + tuple(t.shape)
+    strides = (0,) * (nd - t.dim()) + tuple(t.stride())
+    return tuple(0 if (s == 1 and o != 1) else st for s, st, o in zip(shape, strides, out_shape))
+
+
+def merge_dims(shape, *stride_sets):
+    """Drop size-1 dimensions and merge neighbours that are contiguous in
+    every stride set, so most tensors index as 1-d or 2-d."""
+    dims = [(s, [st[i] for st in stride_sets]) for i, s in enumerate(shape) if s != 1]
+    merged = []
+    for s, sts in dims:
+        if merged:
+            ps, psts = merged[-1]
+            if all(p == q * s for p, q in zip(psts, sts)):
+                merged[-1] = (ps * s, sts)
+                continue
+        merged.append((s, sts))
+    if len(merged) > MAX_DIMS:
+        raise NotImplementedError(f"tensors of more than {MAX_DIMS} non-mergeable dimensions")
+    shape_out = [1] * (MAX_DIMS - len(merged)) + [s for s, _ in merged]
+    strides_out = []
+    for k in range(len(stride_sets)):
+        strides_out.append([0] * (MAX_DIMS - len(merged)) + [sts[k] for _, sts in merged])
+    return shape_out, strides_out
+
+
+def dense_strides(shape, strides):
+    """Whether ``strides`` (from :func:`merge_dims`) are those of a dense
+    row-major tensor of ``shape``: such a tensor is read at the linear index
+    itself (``nd_offset(..., DENSE=True)``), saving the divisions."""
+    expect = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size != 1 and stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+@triton.jit
+def nd_offset(index, size1, size2, size3, size4, size5,
+              stride0, stride1, stride2, stride3, stride4, stride5, DENSE: tl.constexpr = False):
+    """Element offset of the row-major linear ``index`` in a 6-d strided
+    tensor of sizes (size0, size1, ..., size5) (size0 is implied) and
+    strides (stride0, ..., stride5); ``index`` itself when ``DENSE`` (the
+    host found the strides dense with :func:`dense_strides`)."""
+    if DENSE:
+        offset = index
+    else:
+        i5 = index % size5
+        rest = index // size5
+        i4 = rest % size4
+        rest = rest // size4
+        i3 = rest % size3
+        rest = rest // size3
+        i2 = rest % size2
+        rest = rest // size2
+        i1 = rest % size1
+        i0 = rest // size1
+        offset = i0 * stride0 + i1 * stride1 + i2 * stride2 + i3 * stride3 + i4 * stride4 + i5 * stride5
+    return offset
+
+
+@triton.jit
+def split_nchw(index, channels, height, width):
+    """(n, c, h, w) of the row-major linear ``index`` into (N, C, H, W)."""
+    w = index % width
+    rest = index // width
+    h = rest % height
+    rest = rest // height
+    c = rest % channels
+    n = rest // channels
+    return n, c, h, w
