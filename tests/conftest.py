@@ -72,7 +72,7 @@ def _gpu_faithful_min_max():
     that a kernel using a plain ``tl.minimum`` where NaN matters (elu(NaN) = 0
     on a GPU) fails the property suite here too. Triton 3.9's interpreter
     already does this (np.fmin/np.fmax); Triton 3.6's used np.minimum, which
-    keeps NaN and hid the difference (issue 12). The NaN-propagating forms
+    keeps NaN and hid the difference. The NaN-propagating forms
     (``propagate_nan=tl.PropagateNan.ALL``) keep np.minimum/np.maximum."""
     import numpy as np
     from triton.runtime import interpreter as ti   # (TRITON_INTERPRET is set above)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import triflux as tf
-from triflux import autodiff
+from triflux import tape
 from triflux.errors import GradientError
 from helpers import DEVICES, device
 
@@ -82,13 +82,13 @@ def test_no_tape_is_kept_outside_gradient():
         holder["ref"] = weakref.ref(y)
         return y.sum()
     tf.gradient(f, x)
-    assert autodiff.TAPE is None
+    assert tape.TAPE is None
     gc.collect()
     assert holder["ref"]() is None            # intermediates are freed: nothing holds a graph
     assert not hasattr(x, "grad")
-    before = autodiff.TAPE
+    before = tape.TAPE
     _ = x * 3                                  # outside gradient: nothing recorded
-    assert autodiff.TAPE is before is None
+    assert tape.TAPE is before is None
 
 
 def test_errors():

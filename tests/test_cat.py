@@ -1,4 +1,4 @@
-"""Flux's `cat(xs...; dims)` spelling beside `concat([xs], axis)` (issue 12)."""
+"""Flux's `cat(xs...; dims)` spelling beside `concat([xs], axis)`."""
 import numpy as np
 import pytest
 

@@ -110,7 +110,7 @@ def test_device_loader_gives_the_same_batches(dev):
     d = device(dev)
     x, y, m, h = _data()
     make = lambda: tf.DataLoader({"x": x, "rest": (y, m, h)}, batchsize=4, shuffle=True, rng=3)  # noqa: E731
-    ref = [_host(tf.devices.move(b, d)) for b in make()]
+    ref = [_host(tf.moving.move(b, d)) for b in make()]
     got = []
     for b in d(make()):
         assert b["x"].device == d and b["rest"][2].device == d
@@ -129,7 +129,7 @@ def test_gpu_rules_float64_to_float32_keep_ints_bools_float16(dev):
     d = device(dev)
     x, y, m, h = _data()
     x64 = x.astype(np.float64)
-    for xb, yb, mb, hb in tf.devices.move(tf.DataLoader((x64, y, m, h), batchsize=5), d, f64_to_f32=True):
+    for xb, yb, mb, hb in tf.moving.move(tf.DataLoader((x64, y, m, h), batchsize=5), d, f64_to_f32=True):
         assert (xb.dtype, yb.dtype, mb.dtype, hb.dtype) == (np.float32, np.int64, np.bool_, np.float16)
         np.testing.assert_array_equal(xb.numpy(), x64[yb.numpy()].astype(np.float32))
     for xb, _, _, _ in d(tf.DataLoader((x64, y, m, h), batchsize=5)):
@@ -374,7 +374,7 @@ def test_out_of_memory_while_staging_a_batch_is_triflux_error(monkeypatch):
 
 # --- data containers (MLUtils' numobs/getobs protocol) ----------------------------------------------
 
-rebuild = data_mod._rebuild
+rebuild = data_mod.rebuild
 
 
 def _signature(b):

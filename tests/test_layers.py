@@ -6,7 +6,7 @@ import pytest
 
 import triflux as tf
 from triflux.errors import ShapeError
-from triflux.layers import basic
+from triflux.layers import inputs
 from helpers import DEVICES, device
 
 
@@ -88,7 +88,7 @@ def test_dense_input_errors_name_layer_and_shapes():
 
 
 def test_float64_input_converts_with_one_warning():
-    basic._WARNED_F64.clear()
+    inputs._WARNED_F64.clear()
     layer = tf.Dense(2, 2)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

@@ -81,7 +81,7 @@ def test_loadmodel_across_devices_keeps_tensor_objects(src_dev, dst_dev):
     _same(state(dst), state(src))
     # the loaded storage is the model's own: changing the source later does not leak in
     update(setup(Descent(1.0), src), src,
-           {"layers": [{"weight": ops.ones_like(src[0].weight), "bias": None}, None, None]})
+           {"layers": [{"weight": tf.ones_like(src[0].weight), "bias": None}, None, None]})
     assert not np.array_equal(src[0].weight.numpy(), dst[0].weight.numpy())
     # and training the loaded model with the optimiser state set up before the load works
     x = tf.randn(2, 3, device=device(dst_dev))

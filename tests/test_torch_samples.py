@@ -1,5 +1,5 @@
 """PyTorch's OpInfo sample inputs through triflux's public API, on both devices
-(issue 12: an outside suite finds the classes of input our strategies miss).
+(an outside suite finds the classes of input our strategies miss).
 
 For every translated operator (tests/torch_samples.py), dtype and device:
 the forward and the gradients of ``sum(f(x) * G)`` for a random ``G``,

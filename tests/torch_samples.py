@@ -4,7 +4,7 @@ PyTorch describes every operator with an ``OpInfo`` whose ``sample_inputs``
 yields the cases its developers found worth testing: broadcasting, batch
 axes, size-0 and 0-d tensors, strides, dilation, ceil mode, negative axes...
 Those inputs owe nothing to triflux's own strategies, so they find the
-classes of input our strategies forgot (issue 12). Each entry of
+classes of input our strategies forgot. Each entry of
 ``TRANSLATIONS`` maps an OpInfo (name, variant) to a function with torch's
 signature that computes the same thing with triflux's public API, called
 with triflux Tensors wherever the sample has tensors. A sample that needs a

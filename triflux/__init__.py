@@ -13,28 +13,26 @@ if not _os.path.isdir(_os.path.join(_os.path.dirname(__file__), "reference")) an
         _os.path.isdir(_os.path.join(_src, "reference")) and _src not in __path__:
     __path__.append(_src)
 
-__version__ = "0.1.0"
-
+from .version import __version__  # noqa: E402
 from . import dtypes  # noqa: E402
 from .errors import (TrifluxError, DeviceMismatchError, NoGPUError, BackendNotSupportedError,  # noqa: E402
                      DTypeError, ShapeError, OutOfMemoryError, NonFiniteError, StructureError,
                      GradientError, CheckpointError, InteropError, DistributedError)
 from .dtypes import float16, float32, float64, int32, int64, bool_  # noqa: E402
 from .devices import (CPUDevice, CUDADevice, AMDGPUDevice, MetalDevice, Device,  # noqa: E402
-                      gpu, cpu, get_device, gpu_device, cpu_device, supported_devices, functional, reclaim)
+                      gpu_device, cpu_device, supported_devices, functional, reclaim)
 from .preferences import gpu_backend, gpu_backend_preference as _pref  # noqa: E402
-from .tensor import Tensor, tensor, zeros, ones, rand, randn, full, seed  # noqa: E402
+from .tensor import Tensor, tensor  # noqa: E402
+from .constructors import zeros, ones, rand, randn, full, seed, zeros_like, ones_like  # noqa: E402
 from .functor import fmap  # noqa: E402
 from . import ops  # noqa: E402
 from .ops import (matmul, concat, cat, reshape, transpose, where, maximum, minimum,  # noqa: E402
-                  exp, log, sqrt, zeros_like, ones_like)
+                  exp, log, sqrt)
+from .moving import gpu, cpu, get_device  # noqa: E402
 from .activations import (identity, relu, sigmoid, σ, tanh, softmax, logsoftmax, logsumexp,  # noqa: E402
                           leakyrelu, elu, gelu, gelu_erf, swish, softplus)
 from .autodiff import gradient, withgradient  # noqa: E402
-from .layers import (Layer, Dense, Chain, flatten, SkipConnection, Parallel, GlobalMeanPool,  # noqa: E402
-                     MaxPool, MeanPool, Upsample, Conv, ConvTranspose, BatchNorm, Dropout)
-from .layers import RNN, LSTM, GRU, RNNCell, LSTMCell, GRUCell  # noqa: E402
-from .layers import GlobalMaxPool, AdaptiveMaxPool, AdaptiveMeanPool  # noqa: E402
+from .layers import *  # noqa: E402,F401,F403  (every layer: triflux.layers.__all__)
 from .data import DataLoader  # noqa: E402
 from .memory import memory_status, MemoryStatus  # noqa: E402
 from .precision import f32, f64, f16, bf16  # noqa: E402
@@ -43,13 +41,15 @@ from . import losses, optimise, persistence  # noqa: E402
 from .losses import onehotbatch, onecold  # noqa: E402
 from .optimise import (setup, update, train, adjust, Descent, Momentum, Nesterov, Adam, AdamW, RMSProp,  # noqa: E402
                        MixedPrecision)
-from .persistence import state, loadmodel, save, load  # noqa: E402
+from .persistence import state, loadmodel  # noqa: E402
+from .serialization import save, load  # noqa: E402
 from .interop import from_torch, to_torch, from_dlpack, to_dlpack  # noqa: E402
 
 GPU_BACKEND = _pref()
 
-_LAZY_SUBMODULES = ("models", "registry", "primitives", "testing", "show", "functor", "reference", "triton_kernels",
-                    "benchmarks", "doctor", "interop", "serialization", "demos", "distributed")
+#: submodules ``import triflux`` does not load (the package imports every other one)
+_LAZY_SUBMODULES = ("models", "testing", "reference", "triton_kernels", "benchmarks", "doctor", "demos",
+                    "distributed")
 
 
 def __getattr__(name):

@@ -1,6 +1,9 @@
 """``python -m triflux``: demos and tools."""
 import sys
 
+from . import benchmarks, doctor
+from .demos import mlp, unet
+
 USAGE = """usage: python -m triflux COMMAND [options]
 
 commands:
@@ -14,7 +17,7 @@ commands:
                table (`python -m triflux bench --help`; perf/ has the careful suites)
 """
 
-DEMOS = {"unet": "triflux.demos.unet", "mlp": "triflux.demos.mlp"}
+DEMOS = {"unet": unet, "mlp": mlp}
 
 
 def main(argv=None):
@@ -24,18 +27,15 @@ def main(argv=None):
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "doctor":
-        from .doctor import main as doctor
-        return doctor(rest)
+        return doctor.main(rest)
     if cmd == "bench":
-        from .benchmarks import main as bench
-        return bench(rest)
+        return benchmarks.main(rest)
     if cmd == "demo":
         if not rest or rest[0] in ("-h", "--help"):
             print(f"usage: python -m triflux demo {{{','.join(DEMOS)}}} [options]")
             return 0 if rest else 2
         if rest[0] in DEMOS:
-            import importlib
-            return importlib.import_module(DEMOS[rest[0]]).main(rest[1:])
+            return DEMOS[rest[0]].main(rest[1:])
         print(f"unknown demo {rest[0]!r}; available: {', '.join(DEMOS)}", file=sys.stderr)
         return 2
     print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)

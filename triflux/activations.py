@@ -1,6 +1,7 @@
 """Activation functions (NNlib's names). Each takes a Tensor on any device
 and is built from registered primitives, so it differentiates everywhere."""
 from . import ops
+from .tensor import as_tensor
 
 
 def identity(x):
@@ -67,18 +68,18 @@ def class_axis(x, dims):
 
 def softmax(x, dims=None):
     """exp(x) / Σ exp(x) along the class axis (``dims``; 1 for (N, C, ...))."""
-    x = ops.as_tensor(x)
+    x = as_tensor(x)
     return ops.softmax(x, class_axis(x, dims))
 
 
 def logsoftmax(x, dims=None):
     """x − log Σ exp(x) along the class axis (``dims``; 1 for (N, C, ...))."""
-    x = ops.as_tensor(x)
+    x = as_tensor(x)
     return ops.logsoftmax(x, class_axis(x, dims))
 
 
 def logsumexp(x, dims=None, keepdims=False):
-    x = ops.as_tensor(x)
+    x = as_tensor(x)
     return ops.logsumexp(x, class_axis(x, dims), keepdims)
 
 

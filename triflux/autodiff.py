@@ -1,12 +1,12 @@
-"""Reverse-mode automatic differentiation with a tape that exists only
-while ``gradient`` runs.
+"""Reverse-mode automatic differentiation with a tape (``triflux.tape``)
+that exists only while ``gradient`` runs.
 
 ``gradient(f, *args)`` watches every floating Tensor inside ``args`` (a
 tensor, a layer, a model, nested tuples/lists/dicts), runs ``f`` while
-``triflux.ops`` records each primitive applied to a watched tensor or to a
-result of one, then walks the records backwards calling each primitive's
-backward (reference on the CPU, kernel on a GPU) and summing the gradients
-of tensors used more than once. Outside ``gradient`` nothing is recorded and
+``triflux.dispatch.apply`` records each primitive applied to a watched
+tensor or to a result of one, then walks the records backwards calling
+each primitive's backward (reference on the CPU, kernel on a GPU) and
+summing the gradients of tensors used more than once. Outside ``gradient`` nothing is recorded and
 no tensor keeps a reference to any graph.
 
 Gradients mirror their argument (API.md "Structure"): a Tensor for a
@@ -15,82 +15,53 @@ Tensor, a dict keyed by field name for a layer, a list for ``Chain``'s
 """
 import numpy as np
 
-from . import functor
+from . import functor, tape
+from .constructors import fill
+from .dispatch import implementation
 from .dtypes import is_floating
 from .errors import GradientError
-
-#: the tape in use, or None outside ``gradient`` (a module global: cheap to test)
-TAPE = None
-
-
-class Tape:
-    __slots__ = ("live", "nodes")
-
-    def __init__(self, watched):
-        self.live = {id(t) for t in watched}
-        self.nodes = []
-
-    def record(self, prim, inputs, out, attrs):
-        live = self.live
-        for t in inputs:
-            if id(t) in live:
-                self.nodes.append((prim, inputs, out, attrs))
-                live.add(id(out))
-                return
-
-
-def in_gradient():
-    """True while ``gradient`` is recording (layers use it for train mode)."""
-    return TAPE is not None
+from .primitives import REGISTRY
+from .tensor import Tensor, as_tensor
 
 
 def _watchable(t):
     return is_floating(t.dtype)
 
 
-def _add_impl(on_cpu):
-    from .registry import REGISTRY
-    return REGISTRY["add"].impl(on_cpu)
-
-
-def backprop(tape, out, seed):
-    """Gradients of ``out`` (seeded with ``seed``) for every live tensor,
-    as a dict from ``id(tensor)`` to backend arrays."""
+def backprop(recording, out, seed):
+    """Gradients of ``out`` (seeded with ``seed``) for every live tensor of
+    the tape ``recording``, as a dict from ``id(tensor)`` to backend arrays."""
     grads = {id(out): seed}
-    for prim, inputs, y, attrs in reversed(tape.nodes):
+    live = recording.live
+    for prim, inputs, y, attrs in reversed(recording.nodes):
         g = grads.pop(id(y), None)
         if g is None:
             continue
-        on_cpu = y._device.is_cpu
-        backward = prim.impl(on_cpu, "backward")
+        backward = implementation(prim, y._device, "backward")
         if prim.partial_backward:
-            needs = tuple(id(t) in tape.live for t in inputs)
+            needs = tuple(id(t) in live for t in inputs)
             gin = backward(g, y._data, *[t._data for t in inputs], needs=needs, **attrs)
         else:
             gin = backward(g, y._data, *[t._data for t in inputs], **attrs)
         for t, gi in zip(inputs, gin):
-            if gi is None or id(t) not in tape.live:
+            if gi is None or id(t) not in live:
                 continue
             prev = grads.get(id(t))
-            grads[id(t)] = gi if prev is None else _add_impl(on_cpu)(prev, gi)
+            grads[id(t)] = gi if prev is None else implementation(REGISTRY["add"], y._device)(prev, gi)
     return grads
 
 
 def withgradient(f, *args):
     """``(value, grads)``: the value of ``f(*args)`` (a scalar Tensor) and
     one gradient per argument, shaped like it."""
-    global TAPE
-    from .tensor import Tensor
-    from . import ops
-
-    args = tuple(ops.as_tensor(a) if isinstance(a, np.ndarray) else a for a in args)
+    args = tuple(as_tensor(a) if isinstance(a, np.ndarray) else a for a in args)
     watched = [t for a in args for t in functor.leaves(a) if isinstance(t, Tensor) and _watchable(t)]
-    tape = Tape(watched)
-    outer, TAPE = TAPE, tape
+    recording = tape.Tape(watched)
+    outer, tape.TAPE = tape.TAPE, recording
     try:
         y = f(*args)
     finally:
-        TAPE = outer
+        tape.TAPE = outer
     if not isinstance(y, Tensor):
         raise GradientError(
             f"`gradient`: the function returned {type(y).__name__}, not a scalar Tensor; "
@@ -100,8 +71,8 @@ def withgradient(f, *args):
                             "reduce it first, e.g. with `.sum()` or `.mean()`")
     if not is_floating(y.dtype):
         raise GradientError(f"`gradient`: the loss has dtype {y.dtype}; it must be floating point")
-    seed = ops.fill(y.shape, 1, y.dtype, y.device)._data
-    grads = backprop(tape, y, seed) if id(y) in tape.live else {}
+    seed = fill(y.shape, 1, y.dtype, y.device)._data
+    grads = backprop(recording, y, seed) if id(y) in recording.live else {}
     return y, tuple(_mirror(a, grads) for a in args)
 
 
@@ -113,7 +84,6 @@ def gradient(f, *args):
 
 def _mirror(x, grads):
     """The gradient tree for ``x``: its structure with gradients at the arrays."""
-    Tensor = functor._classes()[0]
     if isinstance(x, Tensor):
         g = grads.get(id(x))
         return None if g is None else Tensor._make(g, x._device)

@@ -44,12 +44,6 @@ def interpreter_on():
     return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
 
 
-def cuda_visible_disabled():
-    """``CUDA_VISIBLE_DEVICES=-1`` (or empty) hides every GPU, as in the seeds."""
-    v = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return v is not None and v.strip() in ("-1", "")
-
-
 def visible_ordinals(cuda_visible_devices, physical_count):
     """The physical device numbers that ``CUDA_VISIBLE_DEVICES`` makes visible,
     in visible order (visible device ``k`` is physical ``result[k]``), with
@@ -159,11 +153,6 @@ def facts():
     """The :class:`Facts` of this process, read once (as CUDA reads
     ``CUDA_VISIBLE_DEVICES`` once). Tests replace this function."""
     return _cached_facts()
-
-
-def refresh():
-    """Forget the cached facts (after changing the environment in-process)."""
-    _cached_facts.cache_clear()
 
 
 def interpreter_pool(f):

@@ -14,14 +14,16 @@ import time
 
 import numpy as np
 
+import triflux as tf
+from . import backend, losses, models, optimise
+
 MLP = dict(batch=128, sizes=(784, 256, 256, 10))
-#: the issue's CPU target: a UNet step at batch 4, 64x64 (triflux.models.UNet's defaults:
+#: the CPU target: a UNet step at batch 4, 64x64 (triflux.models.UNet's defaults:
 #: depth 4, 64 base channels, 31M parameters)
 UNET = dict(batch=4, size=64, in_channels=3, classes=2, depth=4, base=64)
 
 
 def _np_dtype(dtype):
-    import triflux as tf
     return {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.dtypes.bfloat16}[dtype]
 
 
@@ -31,7 +33,6 @@ def _torch_dtype(dtype):
 
 
 def _tf_device(device):
-    import triflux as tf
     return tf.cpu_device() if device == "cpu" else tf.CUDADevice(0)
 
 
@@ -46,8 +47,6 @@ def mlp_data(cfg=MLP):
 
 def triflux_mlp_step(cfg=MLP, device="cpu"):
     """A closure running one triflux training step of the MLP."""
-    import triflux as tf
-    from triflux import losses, optimise
     x, y = mlp_data(cfg)
     s = cfg["sizes"]
     dev = _tf_device(device)
@@ -92,8 +91,6 @@ def unet_data(cfg=UNET):
 def triflux_unet_step(cfg=UNET, device="cpu", dtype="float32"):
     """A closure running one triflux training step of ``triflux.models.UNet``
     (per-pixel logitcrossentropy, Adam)."""
-    import triflux as tf
-    from triflux import losses, models, optimise
     dev = _tf_device(device)
     model = models.UNet(cfg["in_channels"], cfg["classes"], depth=cfg["depth"], base_channels=cfg["base"])
     if dtype != "float32":
@@ -164,7 +161,7 @@ def torch_unet_step(cfg=UNET, device="cpu", dtype="float32"):
 
 #: the seed (shared/seeds/003): RNN(1 => 6, tanh) and Dense(6 => 1) over one sequence of 20
 RNN_SEED = dict(kind="rnn", batch=1, length=20, inputs=1, hidden=6)
-#: the issue's large case: LSTM(64 => 512) over 128 steps, batch 64
+#: the large case: LSTM(64 => 512) over 128 steps, batch 64
 LSTM_LARGE = dict(kind="lstm", batch=64, length=128, inputs=64, hidden=512)
 
 
@@ -178,8 +175,6 @@ def sequence_data(cfg):
 def triflux_recurrent_step(cfg=RNN_SEED, device="cpu"):
     """A closure running one triflux training step (BPTT over the sequence,
     mse, Adam) of ``cfg``'s recurrent layer followed by Dense(hidden => 1)."""
-    import triflux as tf
-    from triflux import losses, optimise
     dev = _tf_device(device)
     layer = {"rnn": tf.RNN, "lstm": tf.LSTM, "gru": tf.GRU}[cfg["kind"]](cfg["inputs"], cfg["hidden"])
     model = dev(tf.Chain(layer, tf.Dense(cfg["hidden"], 1)))
@@ -249,12 +244,11 @@ def main(argv=None):
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu: the NumPy reference vs torch's CPU kernels; cuda: Triton kernels vs torch on the GPU")
     p.add_argument("--reps", type=int, default=5, help="timed steps per workload and side (default 5)")
-    p.add_argument("--full", action="store_true", help="also the issues' sizes: UNet depth 4, base 64, batch 4, "
+    p.add_argument("--full", action="store_true", help="also the large sizes: UNet depth 4, base 64, batch 4, "
                    "64x64; LSTM 64 => 512 over 128 steps, batch 64")
     args = p.parse_args(argv)
     if args.reps < 1:
         p.error("--reps must be positive")
-    from . import backend
     if not backend.has_module("torch"):
         p.error("the benchmarks compare against torch: `pip install torch`")
     torch = backend.torch()

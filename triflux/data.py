@@ -36,7 +36,11 @@ import numbers
 
 import numpy as np
 
+from . import backend, memory
+from . import dtypes as _dt
 from .errors import ShapeError
+from .moving import move
+from .tensor import Tensor, torch_to_numpy, transfer
 
 _PROTOCOL = ("a data container needs __len__ (the number of observations) and __getitem__ that takes a NumPy "
              "array of indices and returns the batch (arrays or Tensors with one entry per index along the first "
@@ -69,13 +73,13 @@ def _rebuild_paths(data, f, path="data"):
     return f(data, path)
 
 
-def _rebuild(data, f):
+def rebuild(data, f):
     """``data``'s structure with every leaf ``x`` replaced by ``f(x)``; lists
     become tuples."""
     return _rebuild_paths(data, lambda x, _: f(x))
 
 
-def _is_container(x):
+def is_data_container(x):
     """Whether ``x`` is a data container: not an array (nothing with a
     ``shape``), not a str or a tuple/list/dict (structures), but
     ``len(x)`` observations read with ``x[indices]`` (or ``__getitems__``)."""
@@ -99,7 +103,7 @@ def _arrays_behind(data):
 
 
 def _nobs(x, path, who="DataLoader"):
-    if _is_container(x):
+    if is_data_container(x):
         return len(x)
     shape = getattr(x, "shape", None)
     if shape is None:
@@ -113,7 +117,7 @@ def _nobs(x, path, who="DataLoader"):
     return int(shape[0])
 
 
-def _count_observations(data, who="DataLoader"):
+def count_observations(data, who="DataLoader"):
     """The number of observations of ``data`` (arrays along their first
     axis, containers by ``len``), which every entry must agree on."""
     items = _walk(data)
@@ -145,11 +149,10 @@ def _numbers(values):
 def _array(x, where):
     """``x`` as a batch leaf: a NumPy array or a Tensor as it is, another
     array type (a torch tensor, a memmap, ...) as a NumPy array."""
-    from .tensor import Tensor, _torch_to_numpy
     if isinstance(x, (np.ndarray, Tensor)):
         return x
     if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
-        return _torch_to_numpy(x)
+        return torch_to_numpy(x)
     if hasattr(x, "shape") or hasattr(x, "__array__"):
         return np.asarray(x)
     raise ShapeError(f"DataLoader: {where} is a {type(x).__name__}, not an array; {_PROTOCOL}")
@@ -190,11 +193,10 @@ def _batch_tree(out, n, name, path):
 def _observation(x):
     """One observation's leaf as a NumPy array (Tensors and torch tensors
     copied to the host)."""
-    from .tensor import Tensor, _torch_to_numpy
     if isinstance(x, Tensor):
         return x.numpy()
     if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
-        return _torch_to_numpy(x)
+        return torch_to_numpy(x)
     return np.asarray(x)
 
 
@@ -203,7 +205,6 @@ def _stack(items, name, path=""):
     tuple/list/dict of them, all alike) stacked into one batch along a new
     first axis, with the observations' structure; Tensor observations give
     a Tensor batch on their device."""
-    from .tensor import Tensor, transfer
     first = items[0]
     where = f"the observations of {name}{path}"
     if isinstance(first, dict):
@@ -318,7 +319,7 @@ class DataLoader:
                  f64_to_f32=False):
         if int(batchsize) < 1:
             raise ValueError(f"DataLoader: batchsize must be >= 1, got {batchsize}")
-        self._kinds = [type(x).__name__ for _, x in _walk(data) if _is_container(x)]   # for repr
+        self._kinds = [type(x).__name__ for _, x in _walk(data) if is_data_container(x)]   # for repr
         self.data = _arrays_behind(data)
         self.batchsize = int(batchsize)
         self.shuffle = bool(shuffle)
@@ -327,7 +328,7 @@ class DataLoader:
         self.device = device
         self._f64_to_f32 = f64_to_f32
         self._batch_maps = ()     # applied to each batch a container gives (``_converted``)
-        self.nobs = _count_observations(self.data)
+        self.nobs = count_observations(self.data)
 
     def __len__(self):
         full, rest = divmod(self.nobs, self.batchsize)
@@ -338,12 +339,11 @@ class DataLoader:
         """The data with every array leaf as a NumPy array (device Tensors
         copied to the host once per epoch, not once per batch) and every
         data container as a reader of its batches."""
-        from .tensor import Tensor
 
         def host(x, path):
             if isinstance(x, Tensor):
                 return x._data if x.device.is_cpu else x.numpy()
-            if _is_container(x):
+            if is_data_container(x):
                 return _ContainerReader(x, path, self._batch_maps)
             return x if isinstance(x, np.ndarray) else np.asarray(x)
         return _rebuild_paths(self.data, host)
@@ -361,7 +361,6 @@ class DataLoader:
         """Batch ``idx`` of the host data: each array's rows (placed back on
         the device ``homes[k]`` of the ``k``-th leaf, where given) and each
         container's batch."""
-        from .tensor import Tensor, transfer
         home = iter(homes) if homes is not None else None
 
         def leaf(a):
@@ -370,7 +369,7 @@ class DataLoader:
                 return a(idx)
             rows = a[idx]
             return rows if dev is None else transfer(Tensor._from_numpy(rows), dev)
-        return _rebuild(host, leaf)
+        return rebuild(host, leaf)
 
     def __iter__(self):
         host = self._host_data()
@@ -378,7 +377,6 @@ class DataLoader:
         if self.device is None:
             # no device of its own: NumPy leaves give NumPy batches, Tensor
             # leaves give Tensor batches on the Tensor's device
-            from .tensor import Tensor
             homes = [x.device if isinstance(x, Tensor) else None for _, x in _walk(self.data)]
             homes = homes if any(h is not None for h in homes) else None
             for idx in indices:
@@ -417,7 +415,7 @@ class DataLoader:
         new = DataLoader.__new__(DataLoader)
         new.__dict__.update(self.__dict__)
         new.data = f(self.data)
-        if any(_is_container(x) for _, x in _walk(self.data)):
+        if any(is_data_container(x) for _, x in _walk(self.data)):
             new._batch_maps = self._batch_maps + (f,)
         return new
 
@@ -426,6 +424,12 @@ class DataLoader:
         of = f" of {', '.join(self._kinds)}" if self._kinds else ""
         return (f"DataLoader({self.nobs} observations{of}, batchsize={self.batchsize}, "
                 f"shuffle={self.shuffle}, partial={self.partial}{dev})  # {len(self)} batches")
+
+
+@move.register
+def _move_loader(loader: DataLoader, device, f64_to_f32=False):
+    """A device called on a loader (``gpu(loader)``): the loader yielding its batches there."""
+    return loader.to(device, f64_to_f32=f64_to_f32)
 
 
 def _rows(a, idx):
@@ -441,12 +445,11 @@ def _stage(stager, host, idx):
     try:
         return stager.stage(host, idx)
     except RuntimeError as e:
-        from .triton_kernels import common
-        if not common._is_oom(e):
+        if not memory.is_out_of_memory(e):
             raise
         leaves = [a for _, a in _walk(host)]
         nbytes = sum(np.dtype(a.dtype).itemsize * _rows(a, idx) * int(np.prod(a.shape[1:])) for a in leaves)
-        raise common.out_of_memory(e, device=getattr(stager.device, "torch_device", None), asked=nbytes,
+        raise memory.out_of_memory(e, device=getattr(stager.device, "torch_device", None), asked=nbytes,
                                    purpose=f"a DataLoader batch of {_rows(leaves[0], idx)} observations") from None
 
 
@@ -454,7 +457,7 @@ def _stage(stager, host, idx):
 
 class _Stager:
     """Moves host batches to ``device`` one step ahead of their use: the
-    generic path (CPU device, Triton interpreter), ``devices.move``'s rules."""
+    generic path (CPU device, Triton interpreter), ``moving.move``'s rules."""
 
     def __init__(self, device, f64_to_f32):
         self.device, self.f64_to_f32 = device, f64_to_f32
@@ -462,7 +465,6 @@ class _Stager:
     def stage(self, host, idx):
         """Start moving batch ``idx`` of ``host`` (``host`` itself, a batch
         already read, for ``None``); returns a handle for ``ready``."""
-        from .devices import move
         batch = host if idx is None else DataLoader._host_batch(host, idx)
         return move(batch, self.device, f64_to_f32=self.f64_to_f32)
 
@@ -476,15 +478,12 @@ class _CudaStager(_Stager):
 
     def __init__(self, device, f64_to_f32):
         super().__init__(device, f64_to_f32)
-        from . import backend
         self.torch = torch = backend.torch()
         self.tdev = device.torch_device
         self.stream = torch.cuda.Stream(device=self.tdev)
         self._pinned_in_flight = []   # pinned buffers of the last staged batch (kept until the next stage)
 
     def _leaf(self, a, idx, pinned):
-        from . import dtypes as _dt
-        from .tensor import Tensor
         torch = self.torch
         if isinstance(a, Tensor):    # from a container: kept if already here, else through the host
             if a.device == self.device and not (self.f64_to_f32 and a.dtype == np.float64):
@@ -514,7 +513,7 @@ class _CudaStager(_Stager):
         torch = self.torch
         pinned = []
         with torch.cuda.stream(self.stream):
-            batch = _rebuild(host, lambda a: self._leaf(a, idx, pinned))
+            batch = rebuild(host, lambda a: self._leaf(a, idx, pinned))
             event = torch.cuda.Event()
             event.record(self.stream)
         # torch's pinned allocator also waits for a copy before reusing its

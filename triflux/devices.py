@@ -1,18 +1,17 @@
-"""Devices, and moving any structure between them (Flux's ``gpu``/``cpu`` and
-MLDataDevices' device objects).
+"""Device objects (MLDataDevices' ``CPUDevice``, ``CUDADevice``, ...) and
+choosing one (``select_device``, ``gpu_device``, ``as_device``).
 
 A device is a small hashable value: ``CPUDevice()``, ``CUDADevice(idx)``,
 ``AMDGPUDevice(idx)``, ``MetalDevice()``. Calling one on any structure
-(tensor, NumPy array, layer, model, tuple/list/dict, DataLoader) returns the
-structure with every array on that device, as ``Tensor``s.
+moves it there (``triflux.moving`` gives devices that call).
 """
+import gc
 import logging
 import sys
 
-import numpy as np
-
 from . import backend
 from .errors import BackendNotSupportedError, NoGPUError
+from .preferences import gpu_backend_preference
 
 SUPPORTED = ("CUDA", "AMDGPU", "Metal", "CPU")
 
@@ -35,13 +34,11 @@ def _canonical(name):
 
 
 class Device:
-    """Base class of devices. ``device(x)`` moves ``x`` to this device."""
+    """Base class of devices. ``device(x)`` moves ``x`` to this device
+    (``triflux.moving.move``)."""
     backend = None
     is_cpu = False
     idx = None
-
-    def __call__(self, x):
-        return move(x, self)
 
     def __eq__(self, other):
         return type(self) is type(other) and self.idx == other.idx
@@ -136,7 +133,7 @@ class MetalDevice(Device):
         return "MetalDevice()"
 
 
-_CLASSES = {"CPU": CPUDevice, "CUDA": CUDADevice, "AMDGPU": AMDGPUDevice, "Metal": MetalDevice}
+DEVICE_CLASSES = {"CPU": CPUDevice, "CUDA": CUDADevice, "AMDGPU": AMDGPUDevice, "Metal": MetalDevice}
 CPU = CPUDevice()
 
 
@@ -145,7 +142,6 @@ def cpu_device():
 
 
 def _preferred_backend():
-    from .preferences import gpu_backend_preference
     return gpu_backend_preference()
 
 
@@ -185,7 +181,7 @@ def _device_for(name, idx):
         return CPU
     if name == "Metal":
         return MetalDevice()
-    dev = _CLASSES[name](idx)
+    dev = DEVICE_CLASSES[name](idx)
     check_index(dev)
     return dev
 
@@ -201,38 +197,22 @@ def _parse_name(name, idx):
     return _canonical(base), idx
 
 
-def get_device(x=None, backend_name=None, idx=0, verbose=False, **kw):
-    """Two uses, as in Flux:
+def select_device(backend_name=None, idx=0, verbose=False):
+    """A device object. With a backend (a name such as "CUDA"): that
+    backend's device ``idx`` (0-based among the visible devices, see
+    ``CUDA_VISIBLE_DEVICES``), or a ``NoGPUError`` that says why it is not
+    functional or how many devices there are. With no backend: the
+    preference (``gpu_backend``, ``GPU_BACKEND``) first, then CUDA, AMDGPU,
+    Metal, CPU, the first that is functional. ``verbose=True`` logs the
+    choice and why each backend before it was skipped, on the "triflux"
+    logger (see ``logger``)::
 
-    * ``get_device(x)`` for a tensor, array or model: the device it lives on
-      (``None`` if it holds no arrays); an error naming the devices if they
-      disagree.
-    * ``get_device(backend=None, idx=0, verbose=False)`` (or
-      ``get_device("CUDA", 1)``, ``get_device("cuda:1")``): a device object.
-      With a backend: that backend's device ``idx`` (0-based among the
-      visible devices, see ``CUDA_VISIBLE_DEVICES``), or a ``NoGPUError``
-      that says why it is not functional or how many devices there are.
-      With no backend: the preference (``gpu_backend``, ``GPU_BACKEND``)
-      first, then CUDA, AMDGPU, Metal, CPU, the first that is functional.
-      ``verbose=True`` logs the choice and why each backend before it was
-      skipped, on the "triflux" logger (see ``triflux.devices.logger``)::
-
-          [ Info: Using backend set in preferences: CUDA.
-          [ Warning: Trying to use backend: CUDA but it is not functional: ...
-          [ Info: Skipping AMDGPU: this torch is not a ROCm build ...
-          [ Info: No functional GPU backend found! Defaulting to CPU.
-          [ Info: Using backend: CPU.
+        [ Info: Using backend set in preferences: CUDA.
+        [ Warning: Trying to use backend: CUDA but it is not functional: ...
+        [ Info: Skipping AMDGPU: this torch is not a ROCm build ...
+        [ Info: No functional GPU backend found! Defaulting to CPU.
+        [ Info: Using backend: CPU.
     """
-    if "backend" in kw:
-        backend_name = kw.pop("backend")
-    if kw:
-        raise TypeError(f"unexpected keywords {sorted(kw)}")
-    if isinstance(x, str):           # get_device("CUDA", 1): backend and index by position
-        if backend_name is not None:
-            idx = backend_name
-        backend_name, x = x, None
-    if x is not None:
-        return device_of(x)
     idx = int(idx)
     log = _verbose_logger() if verbose else _Quiet()
     if backend_name is not None:
@@ -285,7 +265,7 @@ def gpu_device(idx=None, verbose=False, force=False):
     device when none is functional, as MLDataDevices' ``gpu_device``;
     ``force=True`` raises a ``NoGPUError`` (with every backend's reason)
     instead of falling back to the CPU."""
-    dev = get_device(idx=idx or 0, verbose=verbose)
+    dev = select_device(idx=idx or 0, verbose=verbose)
     if force and (dev.is_cpu or isinstance(dev, MetalDevice)):
         reasons = "; ".join(f"{b}: {backend.status(b)[1]}" for b in ("CUDA", "AMDGPU", "Metal"))
         raise NoGPUError(f"no functional GPU backend found ({reasons}). "
@@ -293,71 +273,25 @@ def gpu_device(idx=None, verbose=False, force=False):
     return dev
 
 
-# --- moving structures ---------------------------------------------------------------
-
-def _leaf_to(leaf, device, f64_to_f32):
-    from .tensor import Tensor, transfer
-    if isinstance(leaf, Tensor):
-        if f64_to_f32 and leaf.dtype == np.float64:
-            from . import ops
-            leaf = ops.cast(leaf, np.float32)
-        return transfer(leaf, device)
-    arr = np.asarray(leaf)
-    if f64_to_f32 and arr.dtype == np.float64:
-        arr = arr.astype(np.float32)
-    return transfer(Tensor._from_numpy(arr), device)
-
-
-def move(x, device, f64_to_f32=False):
-    """``x`` with every array leaf on ``device``."""
-    from .functor import fmap
-    from .data import DataLoader
-    if isinstance(x, DataLoader):
-        return x.to(device, f64_to_f32=f64_to_f32)
-    return fmap(lambda leaf: _leaf_to(leaf, device, f64_to_f32), x)
-
-
-def gpu(x):
-    """Move ``x`` (any structure) to the default GPU device, turning float64
-    arrays into float32 and keeping integer, bool and float16 arrays, like
-    Flux's ``gpu``/``cu``. A no-op returning ``x`` unchanged when no GPU
-    backend is functional here."""
-    dev = get_device()
-    if dev.is_cpu or isinstance(dev, MetalDevice):
-        return x
-    return move(x, dev, f64_to_f32=True)
-
-
-def cpu(x):
-    """Move ``x`` (any structure) to the CPU device."""
-    return move(x, CPU)
-
-
-def device_of(x):
-    """The one device ``x``'s arrays live on, ``None`` if it holds none."""
-    from .functor import leaves
-    from .tensor import Tensor
-    from .errors import DeviceMismatchError
-    found = []
-    for leaf in leaves(x):
-        d = leaf.device if isinstance(leaf, Tensor) else CPU
-        if d not in found:
-            found.append(d)
-    if not found:
-        return None
-    if len(found) > 1:
-        raise DeviceMismatchError(
-            f"the arrays of this {type(x).__name__} live on different devices: "
-            f"{', '.join(map(repr, found))}; move it to one with `gpu(x)` or `cpu(x)`")
-    return found[0]
+def as_device(device):
+    """A Device from a Device, ``None`` (CPU) or a name: "cpu", "cuda",
+    "cuda:1", "amdgpu:0", "gpu"."""
+    if device is None:
+        return CPU
+    if isinstance(device, Device):
+        return device
+    if isinstance(device, str):
+        name, _, idx = device.partition(":")
+        if name.lower() == "gpu":
+            return gpu_device()
+        return select_device(_canonical(name), int(idx or 0))
+    raise TypeError(f"not a device: {device!r}")
 
 
 def reclaim():
     """Free memory that is no longer used: run Python's garbage collector and
     give the device allocator's cached blocks back to the driver (CUDA's
     ``reclaim``). Safe to call on any machine."""
-    import gc
-    import sys
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and not backend.interpreter_on() and torch.cuda.is_available():

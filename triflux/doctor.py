@@ -11,7 +11,12 @@ import platform
 import sys
 import warnings
 
+import numpy as np
+
+import triflux
 from . import backend
+from .devices import DEVICE_CLASSES, CPU
+from .memory import format_bytes, memory_status
 from .preferences import BACKENDS, preferences_path, read_preference
 
 HELP = """\
@@ -50,7 +55,6 @@ def _preference():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         in_file = read_preference()
-    import triflux
     at_import = triflux.GPU_BACKEND
     info = {"path": path, "exists": os.path.exists(path), "in_file": in_file,
             "active": at_import, "problems": [str(w.message) for w in caught]}
@@ -62,10 +66,6 @@ def _preference():
 
 def _memory(dev):
     try:
-        from .memory import memory_status
-    except ImportError:
-        return "unknown"
-    try:
         m = memory_status(dev)
     except Exception as e:  # never let a memory query break the report
         return f"unknown ({type(e).__name__}: {e})"
@@ -73,7 +73,6 @@ def _memory(dev):
 
 
 def _selftest_inputs():
-    import numpy as np
     rng = np.random.default_rng(1234)
     a = rng.standard_normal((5, 7)).astype(np.float32)
     b = rng.standard_normal((5, 7)).astype(np.float32)
@@ -82,11 +81,10 @@ def _selftest_inputs():
 
 
 def _selftest_compute(dev, a, b, w):
-    import triflux as tf
     ta, tb, tw = dev(a), dev(b), dev(w)
     s = ta + tb
-    y = tf.matmul(s, tw)
-    p = tf.softmax(y, dims=1)
+    y = triflux.matmul(s, tw)
+    p = triflux.softmax(y, dims=1)
     outs = (s, y, p)
     for o in outs:
         if o.device != dev:
@@ -97,8 +95,6 @@ def _selftest_compute(dev, a, b, w):
 def selftest(dev):
     """Run add, matmul and softmax on ``dev`` and on the CPU reference:
     ``{"passed", "max_error", "error"}``."""
-    import numpy as np
-    from .devices import CPU
     a, b, w = _selftest_inputs()
     try:
         ref = _selftest_compute(CPU, a, b, w)
@@ -119,11 +115,9 @@ def report(run_selftest=True):
     [{"device", "idx", "name", "physical", "memory", "selftest"}]}],
     "selected", "preferred", "preferred_default", "ok"}``.
     """
-    import triflux as tf
-    from .devices import CPU, _CLASSES
     f = backend.facts()
     out = {
-        "triflux": tf.__version__,
+        "triflux": triflux.__version__,
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
         "versions": {"numpy": _version("numpy"), "torch": f.torch_version, "triton": f.triton_version,
@@ -146,7 +140,7 @@ def report(run_selftest=True):
                                                   "error": None, "reference": True}})
         elif ok:
             for k, (phys, dname) in enumerate(backend.visible_devices()):
-                dev = _CLASSES[name](k)
+                dev = DEVICE_CLASSES[name](k)
                 d = {"device": repr(dev), "idx": k, "name": dname, "physical": phys,
                      "memory": _memory(dev), "selftest": None}
                 if run_selftest:
@@ -154,7 +148,7 @@ def report(run_selftest=True):
                 entry["devices"].append(d)
         out["backends"].append(entry)
     try:
-        out["selected"] = repr(tf.get_device())
+        out["selected"] = repr(triflux.get_device())
     except Exception as e:
         out["selected"] = f"error: {type(e).__name__}: {e}"
     pref = out["preference"]["active"]
@@ -169,7 +163,6 @@ def report(run_selftest=True):
 def _bytes(n):
     if n is None:
         return "?"
-    from .show import format_bytes
     return format_bytes(n)
 
 

@@ -1,32 +1,25 @@
 """Walking structures of arrays (Functors.jl's ``fmap``, in Python).
 
 A structure is a Tensor or NumPy array (a leaf), a tuple/list/dict of
-structures, or a layer, whose children are its attributes that hold
-structures. ``fmap`` rebuilds a structure with a function applied to every
+structures, or a layer: any object whose class defines ``_children()``, the
+attributes that hold structures (``triflux.layers.Layer`` does, for every
+layer). ``fmap`` rebuilds a structure with a function applied to every
 leaf; layers are copied, never mutated.
 """
 import copy
 
 import numpy as np
 
-
-_CLASSES = []   # (Tensor, Layer), resolved on first use (they import this module)
-
-
-def _classes():
-    if not _CLASSES:
-        from .layers.base import Layer
-        from .tensor import Tensor
-        _CLASSES.extend((Tensor, Layer))
-    return _CLASSES
+from .tensor import Tensor
 
 
 def is_layer(x):
-    return isinstance(x, (_CLASSES or _classes())[1])
+    """Whether ``x`` is a layer (its class defines ``_children``)."""
+    return hasattr(type(x), "_children")
 
 
 def is_leaf(x):
-    return isinstance(x, ((_CLASSES or _classes())[0], np.ndarray))
+    return isinstance(x, (Tensor, np.ndarray))
 
 
 def holds_arrays(x):

@@ -23,8 +23,10 @@ import numpy as np
 from . import dtypes as _dt
 from . import ops
 from .activations import class_axis
+from .arguments import normalize_axis
+from .devices import as_device
 from .errors import DeviceMismatchError, ShapeError
-from .tensor import Tensor, transfer, as_device
+from .tensor import Tensor, torch_to_numpy, as_tensor, transfer
 
 __all__ = ["mse", "mae", "crossentropy", "logitcrossentropy", "binarycrossentropy",
            "logitbinarycrossentropy", "dice_coeff_loss", "onehotbatch", "onecold"]
@@ -67,7 +69,7 @@ def _as_tensor(x, name, what):
     if isinstance(x, np.ndarray):
         return Tensor._from_numpy(x)
     if isinstance(x, (list, tuple)):
-        return ops.as_tensor(np.asarray(x))
+        return as_tensor(np.asarray(x))
     raise TypeError(f"`{name}`: {what} must be a Tensor or an array, got {type(x).__name__}")
 
 
@@ -86,7 +88,7 @@ def _prepare(name, yhat, y, *, labels_hint=False):
     if not _dt.is_floating(yhat.dtype):
         yhat = ops.cast(yhat, _dt.DEFAULT_FLOAT)
     if isinstance(y, (bool, int, float, np.number, np.bool_)):
-        y = ops.as_tensor(y, like=yhat)          # a scalar target broadcasts
+        y = as_tensor(y, like=yhat)          # a scalar target broadcasts
         scalar_target = True
     else:
         y = _as_tensor(y, name, "the target y")
@@ -117,7 +119,7 @@ def _prepare(name, yhat, y, *, labels_hint=False):
 
 def _class_axis(name, yhat, dims):
     d = class_axis(yhat, dims)
-    return ops.normalize_axis(d, builtins.max(yhat.ndim, 1), name)
+    return normalize_axis(d, builtins.max(yhat.ndim, 1), name)
 
 
 def _xlogy(x, y):
@@ -201,8 +203,7 @@ def _host_labels(labels):
     if isinstance(labels, Tensor):
         return labels.numpy(), labels._device
     if type(labels).__module__.startswith("torch"):
-        from .tensor import _torch_to_numpy
-        return _torch_to_numpy(labels), None
+        return torch_to_numpy(labels), None
     return np.asarray(labels), None
 
 
@@ -262,7 +263,7 @@ def onecold(y, classes=None, *, dims=None):
     if host.ndim == 0:
         raise ShapeError("onecold needs at least one dimension (the class axis), got a 0-d array")
     d = dims if dims is not None else (1 if host.ndim >= 2 else 0)
-    d = ops.normalize_axis(d, host.ndim, "onecold")
+    d = normalize_axis(d, host.ndim, "onecold")
     if host.shape[d] == 0:
         raise ShapeError(f"onecold: the class axis {d} of shape {host.shape} is empty")
     idx = np.argmax(host, axis=d)

@@ -3,6 +3,7 @@ from . import ops
 from .activations import relu
 from .errors import ShapeError
 from .layers import BatchNorm, Chain, Conv, ConvTranspose, Layer, MaxPool, SkipConnection, Upsample
+from .tensor import as_tensor
 
 
 def cat_channels(y, x):
@@ -52,7 +53,7 @@ class UNet(Layer):
         self.net = Chain(level(0, in_channels), Conv((1, 1), base_channels, num_classes))
 
     def __call__(self, x):
-        x = ops.as_tensor(x)
+        x = as_tensor(x)
         step = 2 ** self.depth
         if x.ndim != 4 or x.shape[2] % step or x.shape[3] % step:
             raise ShapeError(f"UNet(depth={self.depth}) needs (N, C, H, W) input with H and W divisible by "

@@ -7,6 +7,7 @@ behaviour, ``trainmode(model, None)`` returns to automatic. Both mutate the
 model's layers and return the model.
 """
 from .functor import children, is_layer
+from .tape import in_gradient
 
 
 def _set(x, value):
@@ -38,6 +39,5 @@ def testmode(model, mode=True):
 
 def is_active(layer):
     """Whether ``layer`` should behave as in training now."""
-    from .autodiff import in_gradient
     active = getattr(layer, "active", None)
     return in_gradient() if active is None else bool(active)

@@ -1,99 +1,34 @@
 """Operations on Tensors.
 
 Each public function here checks its inputs (devices, dtypes, shapes) and
-raises a triflux error that says what is wrong and how to fix it, then
-dispatches on the inputs' device to the primitive's reference (CPU) or its
-kernel (GPU), and records the call on the autodiff tape when ``gradient`` is
-running. Nothing else in triflux calls NumPy or Triton to compute.
+raises a triflux error that says what is wrong and how to fix it, then runs
+the primitive with ``triflux.dispatch.apply`` (the reference on the CPU, the
+kernel on a GPU, recorded for ``gradient``). The table at the bottom makes
+these functions ``Tensor``'s operators and methods (``a + b`` is
+``add(a, b)``). Nothing else in triflux calls NumPy or Triton to compute.
 """
 import builtins
 import operator
 
 import numpy as np
 
-from . import autodiff
 from . import dtypes as _dt
-from .errors import DeviceMismatchError, DTypeError, ShapeError
-from . import primitives  # noqa: F401  (fills the registry)
-from .registry import REGISTRY
-from .tensor import Tensor, next_seed
+from .arguments import normalize_axis, pair, quad
+from .constructors import next_seed
+from .dispatch import apply, common_device
+from .errors import DTypeError, ShapeError
+from .primitives import REGISTRY
+from .specs.matmul import matmul_spec
+from .specs.norm import batchnorm_spec
+from .specs.reduce import reduce_spec
+from .specs.rnn import recurrent_spec
+from .specs.softmax import softmax_spec
+from .specs.conv import conv2d_bias_act_spec, conv2d_spec, conv_transpose2d_spec
+from .specs.pool import adaptive_pool2d_spec, pool2d_spec
+from .specs.upsample import scale_pair, upsample2d_spec
+from .tensor import Tensor, as_tensor
 
 _P = REGISTRY
-
-
-# --- dispatch --------------------------------------------------------------------------
-
-def _mismatch(opname, devices):
-    a, b = devices[0], next(d for d in devices if d != devices[0])
-    if not a.is_cpu and not b.is_cpu:   # two GPUs
-        return DeviceMismatchError(
-            f"`{opname}` got tensors on different devices: {a!r} and {b!r}. "
-            f"Put them on one device first: `{type(a).__name__}({a.idx})(x)` moves x to the first, "
-            f"`{type(b).__name__}({b.idx})(x)` to the second, `cpu(x)` to the CPU.")
-    gpu_side = b if a.is_cpu else a
-    return DeviceMismatchError(
-        f"`{opname}` got tensors on different devices: {a!r} and {b!r}. "
-        f"Put them on one device first: `gpu(x)` moves data to {gpu_side!r}, `cpu(x)` to the CPU.")
-
-
-def apply(prim, inputs, attrs, opname=None, record=True):
-    """Run primitive ``prim`` on Tensors ``inputs`` on their (common) device."""
-    dev = inputs[0]._device
-    for t in inputs:
-        if t._device is not dev and t._device != dev:
-            raise _mismatch(opname or prim.name, [t._device for t in inputs])
-    fn = prim._cache.get(("reference" if dev.is_cpu else "triton_kernels", "forward"))
-    if fn is None:
-        fn = prim.impl(dev.is_cpu)
-    out = Tensor._make(fn(*[t._data for t in inputs], **attrs), dev)
-    tape = autodiff.TAPE
-    if tape is not None and record:
-        tape.record(prim, inputs, out, attrs)
-    return out
-
-
-def _constant(value, dtype, device):
-    arr = np.asarray(value, dtype=dtype)
-    t = Tensor._make(arr, device)
-    if device.is_cpu:
-        return t
-    key = (type(value), value, dtype, device)
-    c = _CONSTANTS.get(key)
-    if c is None:
-        from .tensor import transfer
-        from .devices import CPU
-        c = transfer(Tensor._make(arr, CPU), device)
-        if len(_CONSTANTS) > 4096:
-            _CONSTANTS.clear()
-        _CONSTANTS[key] = c
-    return c
-
-
-_CONSTANTS = {}
-
-
-def as_tensor(x, like=None):
-    """``x`` as a Tensor: Tensors pass; NumPy arrays become CPU Tensors;
-    Python numbers become constants of ``like``'s dtype and device."""
-    if isinstance(x, Tensor):
-        return x
-    if isinstance(x, (bool, int, float, np.number, np.bool_)) and like is not None:
-        ld = like.dtype
-        if _dt.is_floating(ld):
-            dt = ld
-        elif isinstance(x, (bool, np.bool_)):
-            dt = ld
-        elif isinstance(x, (int, np.integer)):
-            dt = ld if ld.kind in "iu" else _dt.int64
-        else:
-            dt = _dt.DEFAULT_FLOAT
-        return _constant(x, dt, like._device)
-    if isinstance(x, np.ndarray):
-        return Tensor._from_numpy(x)
-    from .tensor import tensor
-    if like is not None and isinstance(x, (list, tuple)):
-        return tensor(x, device=like._device)
-    return tensor(x)
 
 
 def _promote(a, b):
@@ -112,8 +47,7 @@ def _binary(name, a, b):
         b = as_tensor(b, like=a)
     if a.dtype != b.dtype:
         a, b = _promote(a, b)
-    if a._device is not b._device and a._device != b._device:
-        raise _mismatch(name, [a._device, b._device])
+    common_device(name, (a, b))
     _broadcast_shape(name, a.shape, b.shape)
     return apply(_P[name], (a, b), {}, name, record=name not in _COMPARISONS)
 
@@ -222,42 +156,21 @@ def where(cond, a, b):
 
 # --- reductions ----------------------------------------------------------------------------
 
-def normalize_axes(axis, ndim, opname):
-    if axis is None:
-        return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    out = []
-    for a in axes:
-        a = operator.index(a)
-        if not -ndim <= a < ndim:
-            raise ShapeError(f"`{opname}`: axis {a} is out of range for a {ndim}-d tensor")
-        out.append(a % ndim if ndim else 0)
-    return tuple(sorted(set(out)))
-
-
-def normalize_axis(axis, ndim, opname):
-    a = operator.index(axis)
-    if not -ndim <= a < ndim:
-        raise ShapeError(f"`{opname}`: axis {a} is out of range for a {ndim}-d tensor")
-    return a % ndim
+def _reduction(name, x, axis, keepdims):
+    spec = reduce_spec(name, x.shape, x.dtype, axis, keepdims)
+    return apply(_P[name], (x,), {"axis": spec.axes, "keepdims": spec.keepdims}, name)
 
 
 def sum(x, axis=None, keepdims=False):
-    x = as_tensor(x)
-    return apply(_P["sum"], (x,), {"axis": normalize_axes(axis, x.ndim, "sum"), "keepdims": bool(keepdims)}, "sum")
+    return _reduction("sum", as_tensor(x), axis, keepdims)
 
 
 def mean(x, axis=None, keepdims=False):
-    x = _floating(x, "mean")
-    return apply(_P["mean"], (x,), {"axis": normalize_axes(axis, x.ndim, "mean"), "keepdims": bool(keepdims)}, "mean")
+    return _reduction("mean", _floating(x, "mean"), axis, keepdims)
 
 
 def max(x, axis=None, keepdims=False):
-    x = as_tensor(x)
-    axes = normalize_axes(axis, x.ndim, "max")
-    if any(x.shape[a] == 0 for a in axes):
-        raise ShapeError(f"`max` over an empty axis of a tensor of shape {x.shape}: the maximum of nothing is undefined")
-    return apply(_P["max"], (x,), {"axis": axes, "keepdims": bool(keepdims)}, "max")
+    return _reduction("max", as_tensor(x), axis, keepdims)
 
 
 # --- matrix products ---------------------------------------------------------------------
@@ -266,20 +179,12 @@ def matmul(a, b):
     """NumPy's ``a @ b``: vectors, matrices, and batches of them with
     broadcasting of the batch dimensions."""
     a, b = as_tensor(a), as_tensor(b)
-    if a.ndim == 0 or b.ndim == 0:
-        raise ShapeError(f"`matmul` needs tensors of at least 1 dimension, got shapes {a.shape} and {b.shape}; use `*` for scalars")
-    ka = a.shape[-1]
-    kb = b.shape[-2] if b.ndim >= 2 else b.shape[0]
-    if ka != kb:
-        raise ShapeError(f"`matmul`: shapes {a.shape} and {b.shape} do not fit: "
-                         f"{ka} columns of the first against {kb} rows of the second")
-    if a.ndim > 2 or b.ndim > 2:
-        _broadcast_shape("matmul (batch dimensions)", a.shape[:-2], b.shape[:-2] if b.ndim >= 2 else ())
     if not _dt.is_floating(a.dtype):
         a = cast(a, _dt.DEFAULT_FLOAT)
     if not _dt.is_floating(b.dtype):
         b = cast(b, _dt.DEFAULT_FLOAT)
     a, b = _promote(a, b)
+    matmul_spec(a.shape, b.shape, a.dtype, b.dtype)
     return apply(_P["matmul"], (a, b), {}, "matmul")
 
 
@@ -287,18 +192,19 @@ def matmul(a, b):
 
 def softmax(x, axis=-1):
     x = _floating(x, "softmax")
-    return apply(_P["softmax"], (x,), {"axis": normalize_axis(axis, builtins.max(x.ndim, 1), "softmax")}, "softmax")
+    return apply(_P["softmax"], (x,), {"axis": softmax_spec("softmax", x.shape, x.dtype, axis).axis}, "softmax")
 
 
 def logsoftmax(x, axis=-1):
     x = _floating(x, "logsoftmax")
-    return apply(_P["logsoftmax"], (x,), {"axis": normalize_axis(axis, builtins.max(x.ndim, 1), "logsoftmax")}, "logsoftmax")
+    spec = softmax_spec("logsoftmax", x.shape, x.dtype, axis)
+    return apply(_P["logsoftmax"], (x,), {"axis": spec.axis}, "logsoftmax")
 
 
 def logsumexp(x, axis=-1, keepdims=False):
     x = _floating(x, "logsumexp")
-    return apply(_P["logsumexp"], (x,), {"axis": normalize_axis(axis, builtins.max(x.ndim, 1), "logsumexp"),
-                                         "keepdims": bool(keepdims)}, "logsumexp")
+    spec = softmax_spec("logsumexp", x.shape, x.dtype, axis, keepdims)
+    return apply(_P["logsumexp"], (x,), {"axis": spec.axis, "keepdims": bool(keepdims)}, "logsumexp")
 
 
 # --- shape --------------------------------------------------------------------------------------
@@ -421,111 +327,49 @@ def contiguous(x):
     return apply(_P["contiguous"], (as_tensor(x),), {}, "contiguous")
 
 
-# --- fills ----------------------------------------------------------------------------------
-
-def _no_input(name, device, attrs):
-    prim = _P[name]
-    fn = prim.impl(device.is_cpu)
-    return Tensor._make(fn(**attrs, device=device), device)
-
-
-def fill(shape, value, dtype=_dt.float32, device=None):
-    from .tensor import as_device
-    device = as_device(device)
-    return _no_input("fill", device, {"shape": tuple(shape), "value": value, "dtype": _dt.as_dtype(dtype)})
-
-
-def random(name, shape, dtype, device, seed=None):
-    dtype = _dt.as_dtype(dtype)
-    if not _dt.is_floating(dtype):
-        raise DTypeError(f"random numbers are floating point; got dtype {dtype}")
-    return _no_input(name, device, {"shape": tuple(shape), "dtype": dtype,
-                                    "seed": next_seed() if seed is None else int(seed)})
-
-
-def zeros_like(x):
-    return fill(x.shape, 0, x.dtype, x.device)
-
-
-def ones_like(x):
-    return fill(x.shape, 1, x.dtype, x.device)
-
-
 # --- convolution, pooling, normalisation, dropout (NCHW) ------------------------------------
 
-def pair(v, name="value"):
-    """``v`` as a pair of ints: 3 -> (3, 3); (2, 3) stays."""
-    if isinstance(v, (int, np.integer)):
-        return (int(v), int(v))
-    v = tuple(int(e) for e in v)
-    if len(v) != 2:
-        raise ValueError(f"{name} must be an int or a pair of ints, got {v}")
-    return v
-
-
-def quad(pad, name="pad"):
-    """Padding as (top, bottom, left, right): an int, (h, w) or the four."""
-    if isinstance(pad, (int, np.integer)):
-        return (int(pad),) * 4
-    pad = tuple(int(p) for p in pad)
-    if len(pad) == 2:
-        return (pad[0], pad[0], pad[1], pad[1])
-    if len(pad) == 4:
-        return pad
-    raise ValueError(f"{name} must be an int, (h, w) or (top, bottom, left, right), got {pad}")
-
-
-def _spatial_input(name, x, channels=None):
+def _spatial_input(name, x):
     x = _floating(x, name)
     if x.ndim != 4:
         raise ShapeError(f"`{name}` expects a 4-d (N, C, H, W) input, got shape {x.shape}")
-    if channels is not None and x.shape[1] != channels:
-        raise ShapeError(f"`{name}` expects {channels} input channels (axis 1), got shape {x.shape}")
     return x
 
 
 def conv2d(x, w, *, stride=1, padding=0, dilation=1, groups=1):
     """Cross-correlation of ``x`` (N, C, H, W) with ``w`` (O, C/groups, kh, kw)."""
-    w = _floating(w, "conv2d")
-    x = _spatial_input("conv2d", x, w.shape[1] * groups if w.ndim == 4 else None)
-    x, w = _promote(x, w)
-    return apply(_P["conv2d"], (x, w), {"stride": pair(stride, "stride"), "padding": quad(padding),
-                                         "dilation": pair(dilation, "dilation"), "groups": int(groups)}, "conv2d")
+    x, w = _promote(_spatial_input("conv2d", x), _floating(w, "conv2d"))
+    attrs = {"stride": pair(stride, "stride"), "padding": quad(padding), "dilation": pair(dilation, "dilation"),
+             "groups": int(groups)}
+    conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
+    return apply(_P["conv2d"], (x, w), attrs, "conv2d")
 
 
 def conv2d_bias_act(x, w, b, *, stride=1, padding=0, dilation=1, groups=1, activation="identity"):
     """``activation(conv2d(x, w) + b)`` as one fused primitive: ``x`` (N, C, H, W),
-    ``w`` (O, C/groups, kh, kw), ``b`` (O,); ``activation`` one of "identity",
-    "relu", "sigmoid", "tanh" (those whose derivative follows from the output)."""
-    if activation not in ("identity", "relu", "sigmoid", "tanh"):
-        raise ValueError(f"`conv2d_bias_act`: activation must be 'identity', 'relu', 'sigmoid' or 'tanh', "
-                         f"got {activation!r}; for another activation use `conv2d`, add the bias and apply it")
-    w = _floating(w, "conv2d_bias_act")
-    x = _spatial_input("conv2d_bias_act", x, w.shape[1] * groups if w.ndim == 4 else None)
-    x, w = _promote(x, w)
+    ``w`` (O, C/groups, kh, kw), ``b`` (O,); ``activation`` one of the primitive's
+    ``fusable_activations``, "identity", "relu", "sigmoid", "tanh" (those whose
+    derivative follows from the output)."""
+    x, w = _promote(_spatial_input("conv2d_bias_act", x), _floating(w, "conv2d_bias_act"))
     b = as_tensor(b)
-    if b.ndim != 1 or w.ndim < 1 or b.shape[0] != w.shape[0]:
-        raise ShapeError(f"`conv2d_bias_act`: the bias must have shape ({w.shape[0] if w.ndim else '?'},) "
-                         f"(one entry per output channel of w {w.shape}), got {b.shape}")
     if b.dtype != x.dtype:  # promote as conv2d(x, w) + b would
         b = _floating(b, "conv2d_bias_act")
         x, b = _promote(x, b)
         w = cast(w, x.dtype)
-    return apply(_P["conv2d_bias_act"], (x, w, b),
-                 {"stride": pair(stride, "stride"), "padding": quad(padding),
-                  "dilation": pair(dilation, "dilation"), "groups": int(groups),
-                  "activation": activation}, "conv2d_bias_act")
+    attrs = {"stride": pair(stride, "stride"), "padding": quad(padding), "dilation": pair(dilation, "dilation"),
+             "groups": int(groups), "activation": activation}
+    conv2d_bias_act_spec(x.shape, w.shape, b.shape, x.dtype, w.dtype, b.dtype, **attrs)
+    return apply(_P["conv2d_bias_act"], (x, w, b), attrs, "conv2d_bias_act")
 
 
 def conv_transpose2d(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
     """The adjoint of ``conv2d``: ``x`` (N, C, H, W), ``w`` (C, O/groups, kh, kw)."""
-    w = _floating(w, "conv_transpose2d")
-    x = _spatial_input("conv_transpose2d", x, w.shape[0] if w.ndim == 4 else None)
-    x, w = _promote(x, w)
-    return apply(_P["conv_transpose2d"], (x, w),
-                 {"stride": pair(stride, "stride"), "padding": quad(padding),
-                  "output_padding": pair(output_padding, "output_padding"),
-                  "dilation": pair(dilation, "dilation"), "groups": int(groups)}, "conv_transpose2d")
+    x, w = _promote(_spatial_input("conv_transpose2d", x), _floating(w, "conv_transpose2d"))
+    attrs = {"stride": pair(stride, "stride"), "padding": quad(padding),
+             "output_padding": pair(output_padding, "output_padding"), "dilation": pair(dilation, "dilation"),
+             "groups": int(groups)}
+    conv_transpose2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
+    return apply(_P["conv_transpose2d"], (x, w), attrs, "conv_transpose2d")
 
 
 def maxpool2d(x, window, stride=None, padding=0, dilation=1, ceil_mode=False):
@@ -533,31 +377,37 @@ def maxpool2d(x, window, stride=None, padding=0, dilation=1, ceil_mode=False):
     (top, bottom, left, right); ``stride`` defaults to the window."""
     x = _spatial_input("maxpool2d", x)
     window = pair(window, "window")
-    return apply(_P["maxpool2d"], (x,), {"window": window, "stride": pair(stride or window, "stride"),
-                                         "padding": quad(padding), "dilation": pair(dilation, "dilation"),
-                                         "ceil_mode": bool(ceil_mode)}, "maxpool2d")
+    attrs = {"window": window, "stride": pair(stride or window, "stride"), "padding": quad(padding),
+             "dilation": pair(dilation, "dilation"), "ceil_mode": bool(ceil_mode)}
+    pool2d_spec("maxpool2d", x.shape, x.dtype, **attrs)
+    return apply(_P["maxpool2d"], (x,), attrs, "maxpool2d")
 
 
 def meanpool2d(x, window, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
     """torch's ``avg_pool2d`` on (N, C, H, W) (arguments as ``maxpool2d``)."""
     x = _spatial_input("meanpool2d", x)
     window = pair(window, "window")
-    return apply(_P["meanpool2d"], (x,), {"window": window, "stride": pair(stride or window, "stride"),
-                                          "padding": quad(padding), "ceil_mode": bool(ceil_mode),
-                                          "count_include_pad": bool(count_include_pad)}, "meanpool2d")
+    attrs = {"window": window, "stride": pair(stride or window, "stride"), "padding": quad(padding),
+             "ceil_mode": bool(ceil_mode)}
+    pool2d_spec("meanpool2d", x.shape, x.dtype, **attrs)
+    return apply(_P["meanpool2d"], (x,), dict(attrs, count_include_pad=bool(count_include_pad)), "meanpool2d")
 
 
 def adaptive_maxpool2d(x, size):
     """torch's ``adaptive_max_pool2d``: (N, C, H, W) to (N, C, *size); a
     ``None`` side keeps the input's."""
     x = _spatial_input("adaptive_maxpool2d", x)
-    return apply(_P["adaptive_maxpool2d"], (x,), {"size": adaptive_size(size, x.shape)}, "adaptive_maxpool2d")
+    size = adaptive_size(size, x.shape)
+    adaptive_pool2d_spec("adaptive_maxpool2d", x.shape, x.dtype, size)
+    return apply(_P["adaptive_maxpool2d"], (x,), {"size": size}, "adaptive_maxpool2d")
 
 
 def adaptive_meanpool2d(x, size):
     """torch's ``adaptive_avg_pool2d`` (arguments as ``adaptive_maxpool2d``)."""
     x = _spatial_input("adaptive_meanpool2d", x)
-    return apply(_P["adaptive_meanpool2d"], (x,), {"size": adaptive_size(size, x.shape)}, "adaptive_meanpool2d")
+    size = adaptive_size(size, x.shape)
+    adaptive_pool2d_spec("adaptive_meanpool2d", x.shape, x.dtype, size)
+    return apply(_P["adaptive_meanpool2d"], (x,), {"size": size}, "adaptive_meanpool2d")
 
 
 def adaptive_size(size, shape):
@@ -579,31 +429,24 @@ def upsample(x, scale=None, mode="nearest", *, size=None, align_corners=False):
     if scale is None and size is None:
         scale = 2
     attrs = {"size": None if size is None else pair(size, "size"),
-             "scale": None if scale is None else _scale_pair(scale)}
+             "scale": None if scale is None else scale_pair(scale)}
     if mode == "bilinear":
         attrs["align_corners"] = bool(align_corners)
     elif align_corners:
         raise ShapeError("`upsample`: align_corners applies to mode='bilinear' only; drop it or use mode='bilinear'")
+    upsample2d_spec(f"upsample_{mode}2d", x.shape, x.dtype, **attrs)
     return apply(_P[f"upsample_{mode}2d"], (x,), attrs, f"upsample_{mode}2d")
-
-
-def _scale_pair(scale):
-    """Scale factors as a pair of Python numbers: ints stay ints (2 -> (2, 2))."""
-    s = tuple(scale) if isinstance(scale, (tuple, list)) else (scale, scale)
-    if len(s) != 2:
-        raise ShapeError(f"`upsample`: scale must be a number or a pair, got {scale}")
-    return tuple(int(v) if float(v).is_integer() else float(v) for v in s)
 
 
 def batchnorm(x, gamma, beta, mean=None, var=None, eps=1e-5):
     """Batch normalisation over axis 1: with the batch's statistics when
     ``mean``/``var`` are None, else with the given ones."""
     x = _floating(x, "batchnorm")
-    if x.ndim < 2:
-        raise ShapeError(f"`batchnorm` expects (N, C, ...) input, got shape {x.shape}")
+    per_channel = (gamma, beta) if mean is None else (gamma, beta, mean, var)
+    spec = batchnorm_spec(x.shape, tuple(v.shape for v in per_channel), x.dtype, eps)
     if mean is None:
-        return apply(_P["batchnorm_train"], (x, gamma, beta), {"eps": float(eps)}, "batchnorm")
-    return apply(_P["batchnorm_test"], (x, gamma, beta, mean, var), {"eps": float(eps)}, "batchnorm")
+        return apply(_P["batchnorm_train"], (x, gamma, beta), {"eps": spec.eps}, "batchnorm")
+    return apply(_P["batchnorm_test"], (x, gamma, beta, mean, var), {"eps": spec.eps}, "batchnorm")
 
 
 def dropout(x, p, seed=None):
@@ -612,3 +455,66 @@ def dropout(x, p, seed=None):
     if not 0 <= p <= 1:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
     return apply(_P["dropout"], (x,), {"p": float(p), "seed": next_seed() if seed is None else int(seed)}, "dropout")
+
+
+# --- recurrent sequences (batch first; torch.nn.RNN/LSTM/GRU's weights and gate order) ------
+
+def _sequence(name, inputs, attrs):
+    inputs = tuple(as_tensor(t) for t in inputs)
+    recurrent_spec(name, tuple(t.shape for t in inputs), tuple(t.dtype for t in inputs), attrs.get("activation"))
+    return apply(_P[name], inputs, attrs, name)
+
+
+def rnn_sequence(x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
+    """An Elman RNN over ``x`` (N, L, in) from ``h0`` (N, H), ``activation``
+    "tanh" or "relu": every hidden state, (N, L, H)."""
+    return _sequence("rnn_sequence", (x, h0, w_ih, w_hh, b_ih, b_hh), {"activation": activation})
+
+
+def lstm_sequence(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+    """An LSTM over ``x`` (N, L, in) from ``(h0, c0)`` (N, H) each: every
+    state [h_t, c_t], (N, L, 2H)."""
+    return _sequence("lstm_sequence", (x, h0, c0, w_ih, w_hh, b_ih, b_hh), {})
+
+
+def gru_sequence(x, h0, w_ih, w_hh, b_ih, b_hh):
+    """A GRU over ``x`` (N, L, in) from ``h0`` (N, H): every hidden state, (N, L, H)."""
+    return _sequence("gru_sequence", (x, h0, w_ih, w_hh, b_ih, b_hh), {})
+
+
+# --- Tensor's operators and methods: these functions ----------------------------------------
+
+def _swapped(f):
+    """``f`` with its two arguments swapped: the reflected operators (``2 - x``)."""
+    return lambda self, other: f(other, self)
+
+
+def _reshape_method(self, *shape):
+    """``t.reshape(2, 3)`` or ``t.reshape((2, 3))``."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return reshape(self, shape)
+
+
+def _transpose_method(self, *axes):
+    """``t.transpose()``, ``t.transpose(1, 0)`` or ``t.transpose((1, 0))``."""
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        axes = tuple(axes[0])
+    return transpose(self, axes or None)
+
+
+Tensor.__add__, Tensor.__radd__ = add, _swapped(add)
+Tensor.__sub__, Tensor.__rsub__ = sub, _swapped(sub)
+Tensor.__mul__, Tensor.__rmul__ = mul, _swapped(mul)
+Tensor.__truediv__, Tensor.__rtruediv__ = div, _swapped(div)
+Tensor.__pow__, Tensor.__rpow__ = pow, _swapped(pow)
+Tensor.__matmul__, Tensor.__rmatmul__ = matmul, _swapped(matmul)
+Tensor.__neg__, Tensor.__abs__ = neg, abs
+Tensor.__eq__, Tensor.__ne__ = eq, ne
+Tensor.__lt__, Tensor.__le__, Tensor.__gt__, Tensor.__ge__ = lt, le, gt, ge
+Tensor.__getitem__ = getitem
+Tensor.sum, Tensor.mean, Tensor.max = sum, mean, max
+Tensor.reshape, Tensor.transpose = _reshape_method, _transpose_method
+Tensor.T = property(lambda self: transpose(self, None))
+Tensor.astype = cast
+Tensor.exp, Tensor.log, Tensor.sqrt, Tensor.tanh = exp, log, sqrt, tanh

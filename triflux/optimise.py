@@ -37,10 +37,13 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import ops
+from .autodiff import withgradient
+from .constructors import zeros_like
+from .dispatch import implementation
 from .errors import DeviceMismatchError, GradientError, NonFiniteError, StructureError
-from .functor import children, is_layer, path_join
-from .registry import REGISTRY
-from .tensor import Tensor
+from .functor import children, is_layer, leaves, path_join
+from .primitives import REGISTRY
+from .tensor import Tensor, as_tensor
 
 __all__ = ["Descent", "Momentum", "Nesterov", "Adam", "AdamW", "RMSProp", "Leaf", "Rule",
            "MixedPrecision", "MixedPrecisionState", "setup", "update", "adjust", "train", "RULES"]
@@ -95,8 +98,7 @@ class Rule:
         raise NotImplementedError
 
     def _call(self, x, g, arrays, **attrs):
-        prim = REGISTRY[self._primitive]
-        prim.impl(x._device.is_cpu)(x._data, g._data, *[a._data for a in arrays], **attrs)
+        implementation(REGISTRY[self._primitive], x._device)(x._data, g._data, *[a._data for a in arrays], **attrs)
 
 
 def _eta(v, name):
@@ -136,7 +138,7 @@ class Momentum(Rule):
         self.eta, self.rho = _eta(eta, "Momentum"), float(rho)
 
     def init(self, x):
-        return ops.zeros_like(x)
+        return zeros_like(x)
 
     def step(self, x, g, v):
         self._call(x, g, (v,), eta=self.eta, rho=self.rho)
@@ -153,7 +155,7 @@ class Nesterov(Rule):
         self.eta, self.rho = _eta(eta, "Nesterov"), float(rho)
 
     def init(self, x):
-        return ops.zeros_like(x)
+        return zeros_like(x)
 
     def step(self, x, g, v):
         self._call(x, g, (v,), eta=self.eta, rho=self.rho)
@@ -177,7 +179,7 @@ class RMSProp(Rule):
         return f"RMSProp({self.eta!r}, {self.rho!r}, {self.epsilon!r}; centred = false)"
 
     def init(self, x):
-        return ops.zeros_like(x)
+        return zeros_like(x)
 
     def step(self, x, g, s):
         self._call(x, g, (s,), eta=self.eta, rho=self.rho, epsilon=self.epsilon)
@@ -196,7 +198,7 @@ class Adam(Rule):
         self.eta, self.beta, self.epsilon = _eta(eta, "Adam"), _beta(beta, "Adam"), float(epsilon)
 
     def init(self, x):
-        return (ops.zeros_like(x), ops.zeros_like(x), 0)
+        return (zeros_like(x), zeros_like(x), 0)
 
     def step(self, x, g, st):
         m, v, t = st
@@ -223,7 +225,7 @@ class AdamW(Rule):
         self.lambd, self.epsilon, self.couple = float(lambd), float(epsilon), bool(couple)
 
     def init(self, x):
-        return (ops.zeros_like(x), ops.zeros_like(x), 0)
+        return (zeros_like(x), zeros_like(x), 0)
 
     def step(self, x, g, st):
         m, v, t = st
@@ -238,8 +240,8 @@ class AdamW(Rule):
             # η == 0: the moments still advance; the decay alone is p -= λ·p
             self._call(x, g, (m, v), eta=0.0, lambd=0.0, **common)
             if self.lambd:
-                REGISTRY["descent_update"].impl(x._device.is_cpu)(x._data, ops.contiguous(x)._data,
-                                                                  eta=self.lambd)
+                implementation(REGISTRY["descent_update"], x._device)(x._data, ops.contiguous(x)._data,
+                                                                      eta=self.lambd)
         return (m, v, t)
 
 
@@ -431,7 +433,7 @@ class MixedPrecisionState(dict):
         s = self.loss_scale
         if s == 1.0:
             return loss
-        loss = ops.as_tensor(loss)
+        loss = as_tensor(loss)
         if loss.dtype != _dt.float64:
             loss = ops.cast(loss, _dt.float32)
         return ops.mul(loss, s)
@@ -443,7 +445,6 @@ class MixedPrecisionState(dict):
 
 
 def _setup_mixed(rule, model, walk):
-    from .functor import leaves
     tree = walk(model)
     params = [t for t in leaves(model) if isinstance(t, Tensor) and _dt.is_floating(t.dtype)]
     if rule.dtype is not None:
@@ -806,8 +807,6 @@ def train(loss, model, data, opt_state, *, progress=False):
     before that batch updates anything, as Flux does. ``progress=True``
     shows a tqdm bar when tqdm is installed. Returns the list of losses (as
     Python floats), one per batch."""
-    from .autodiff import withgradient
-
     if isinstance(opt_state, Rule):
         raise TypeError(f"train(loss, model, data, opt_state): pass `setup({opt_state!r}, model)`, "
                         "not the rule itself (Flux's `opt_state = Flux.setup(rule, model)`)")

@@ -28,30 +28,16 @@ import numpy as np
 
 from .errors import StructureError
 from .functor import children, holds_arrays, is_layer, path_join
+from .optimise import Leaf, MixedPrecision, MixedPrecisionState, Rule, rule_from_dict, rule_to_dict
 from .tensor import Tensor, transfer
 
-from .serialization import load, save
-
-__all__ = ["state", "loadmodel", "save", "load"]
-
-
-def _leaf_cls():
-    from .optimise import Leaf
-    return Leaf
-
-
-def _is_rule(x):
-    from .optimise import Rule
-    return isinstance(x, Rule)
-
-
+__all__ = ["state", "loadmodel"]
 
 
 def state(x):
     """``x`` (a tensor, layer, model, list/tuple/dict of them, or an
     optimiser state tree) as nested dicts and lists of NumPy arrays and
     numbers, holding copies (never views of the model's memory)."""
-    Leaf = _leaf_cls()
     if isinstance(x, Tensor):
         return x.numpy()
     if isinstance(x, np.ndarray):
@@ -59,7 +45,6 @@ def state(x):
     if isinstance(x, np.generic):
         return x.item()
     if isinstance(x, Leaf):
-        from .optimise import rule_to_dict
         return {"rule": rule_to_dict(x.rule), "state": state(x.state)}
     if is_layer(x):
         return {name: state(v) for name, v in children(x).items()}
@@ -69,8 +54,7 @@ def state(x):
         return {k: state(v) for k, v in x.items()}
     if x is None or isinstance(x, (bool, int, float)):
         return x
-    if _is_rule(x):
-        from .optimise import rule_to_dict
+    if isinstance(x, Rule):
         return rule_to_dict(x)
     return None  # functions and other objects that hold no arrays (Flux: ())
 
@@ -149,7 +133,6 @@ def _check_keys(plan, dst_keys, src, path, kind):
 
 
 def _walk(plan, dst, src, path):
-    Leaf = _leaf_cls()
     if isinstance(dst, Tensor):
         _check_tensor(plan, dst, src, path)
     elif isinstance(dst, np.ndarray):
@@ -162,7 +145,7 @@ def _walk(plan, dst, src, path):
             plan.writes.append((dst, arr))
     elif isinstance(dst, Leaf):
         _walk_leaf(plan, dst, src, path)
-    elif _is_mixed_state(dst):
+    elif isinstance(dst, MixedPrecisionState):
         _walk_mixed(plan, dst, src, path)
     elif is_layer(dst):
         kids = children(dst)
@@ -194,8 +177,6 @@ def _walk(plan, dst, src, path):
 
 
 def _walk_leaf(plan, leaf, src, path):
-    from .optimise import rule_from_dict
-    Leaf = _leaf_cls()
     if isinstance(src, Leaf):
         src = state(src)
     if not isinstance(src, dict) or set(src) != {"rule", "state"}:
@@ -203,7 +184,7 @@ def _walk_leaf(plan, leaf, src, path):
                    "instead of {'rule': ..., 'state': ...}")
         return
     try:
-        rule = rule_from_dict(src["rule"]) if not _is_rule(src["rule"]) else src["rule"]
+        rule = rule_from_dict(src["rule"]) if not isinstance(src["rule"], Rule) else src["rule"]
     except (StructureError, TypeError, ValueError) as e:
         plan.error(f"{_show(path_join(path, 'rule'))}: {e}")
         return
@@ -214,7 +195,6 @@ def _walk_leaf(plan, leaf, src, path):
                    f"saved state was made by {type(rule).__name__}; call `setup({type(rule).__name__}(), model)` "
                    "before loading it")
         return
-    from .optimise import MixedPrecision
     if isinstance(leaf.rule, MixedPrecision) and type(leaf.rule.rule) is not type(rule.rule):
         inner_old, inner_new = leaf.rule.rule, rule.rule
         plan.error(f"{_show(path_join(path, 'rule'))}: the optimiser state uses MixedPrecision("
@@ -256,11 +236,6 @@ def _leaf_state(plan, dst, src, path):
         return type(dst)(v)
     plan.error(f"{_show(path)}: cannot load into a {type(dst).__name__}")
     return dst
-
-
-def _is_mixed_state(x):
-    from .optimise import MixedPrecisionState
-    return isinstance(x, MixedPrecisionState)
 
 
 def _walk_mixed(plan, dst, src, path):
@@ -329,7 +304,6 @@ def loadmodel(x, state_):
                              "\nNothing was loaded.")
     # Everything fits: transfer first (a failure here, e.g. out of memory, still leaves x intact),
     # then assign.
-    Leaf = _leaf_cls()
     staged = []
     for dst, payload in plan.writes:
         if isinstance(dst, Tensor):
@@ -341,7 +315,7 @@ def loadmodel(x, state_):
             dst._data = payload
         elif isinstance(dst, Leaf):
             dst.rule, dst.state = payload
-        elif _is_mixed_state(dst):
+        elif isinstance(dst, MixedPrecisionState):
             dst["scaler"] = payload
         else:  # a NumPy array leaf of the model
             np.copyto(dst, payload)
@@ -350,7 +324,6 @@ def loadmodel(x, state_):
 
 def _contains_live(v):
     """Whether a state-like structure holds Tensors, layers or Leaves (rather than NumPy data)."""
-    Leaf = _leaf_cls()
     if isinstance(v, (Tensor, Leaf)) or is_layer(v):
         return True
     if isinstance(v, (list, tuple)):

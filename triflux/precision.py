@@ -3,18 +3,18 @@
 labels and masks survive a precision change. A ``DataLoader`` becomes the
 same loader (shuffling, batch size, device) over converted data."""
 from . import dtypes as _dt
+from . import ops
+from .data import DataLoader
 from .functor import fmap
 from .tensor import Tensor
 
 
 def _convert(x, dtype):
-    from .data import DataLoader
     if isinstance(x, DataLoader):   # the same loader over converted data (and container batches)
         return x._converted(lambda d: _convert(d, dtype))
 
     def leaf(a):
         if isinstance(a, Tensor):
-            from . import ops
             return ops.cast(a, dtype) if _dt.is_floating(a.dtype) else a
         return a.astype(dtype) if _dt.is_floating(a.dtype) else a
     return fmap(leaf, x)

@@ -39,6 +39,10 @@ import numpy as np
 
 from .errors import CheckpointError
 from .functor import is_layer, path_join
+from .optimise import Leaf, MixedPrecisionState, Rule
+from .persistence import state
+from .tensor import Tensor
+from .version import __version__
 
 __all__ = ["save", "load", "FORMAT", "FORMAT_VERSION"]
 
@@ -97,9 +101,6 @@ class _Encoder:
         return {tag: name}
 
     def encode(self, x, path=""):
-        from .optimise import Leaf, MixedPrecisionState, Rule
-        from .persistence import state
-        from .tensor import Tensor
         if isinstance(x, Tensor):
             return self.array(x.numpy(), path)
         if isinstance(x, np.ndarray):
@@ -191,7 +192,6 @@ def save(path, obj):
     path = os.fspath(path)
     enc = _Encoder()
     tree = enc.encode(obj)
-    from . import __version__
     meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "triflux_version": __version__,
             "structure": json.dumps(tree, allow_nan=False, ensure_ascii=False)}
     data = safetensors.numpy.save(enc.tensors, metadata=meta)

@@ -1,4 +1,4 @@
-"""Printing tensors and models the way Flux does, on any device.
+"""Printing models the way Flux does, on any device (a Tensor prints itself).
 
     Chain(
       Dense(784 => 32, relu),               # 25_120 parameters
@@ -8,37 +8,23 @@
 import numpy as np
 
 from . import dtypes as _dt
-
 from .functor import children, is_layer, leaves
+from .memory import format_bytes
+from .tensor import Tensor
 
 
 def fname(f):
     return getattr(f, "__name__", None) or repr(f)
 
 
-def tensor_repr(t):
-    dims = "×".join(str(s) for s in t.shape) if t.ndim else "0-dimensional"
-    head = f"{dims} Tensor{{{t.dtype}}} on {t.device!r}"
-    values = np.array2string(t.numpy(), separator=", ", threshold=200, edgeitems=3, precision=5)
-    return f"{head}:\n{values}"
-
-
-def format_bytes(n):
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} bytes" if unit == "bytes" else f"{n:.3f} {unit}"
-        n /= 1024
-
-
 def _param_info(layer):
     """(trainable arrays, trainable params, non-trainable params, bytes, flags)."""
-    from .tensor import Tensor
     nontrain = set()
     _collect_nontrainable(layer, nontrain)
     arrays = params = extra = nbytes = 0
     nan = inf = False
     for leaf in leaves(layer):
-        size = leaf.size if isinstance(leaf, Tensor) else leaf.size
+        size = leaf.size
         nbytes += size * leaf.dtype.itemsize
         if id(leaf) in nontrain:
             extra += size
@@ -80,8 +66,9 @@ def _count(arrays, params, extra, nan, inf):
 
 
 def _is_container(x):
-    from .layers.basic import Chain
-    return isinstance(x, Chain)
+    """Whether ``x`` prints as a block of its layers, one per line (a layer
+    whose class sets ``_big_show``, Flux's name: ``Chain``)."""
+    return is_layer(x) and getattr(type(x), "_big_show", False)
 
 
 def layer_repr(layer):

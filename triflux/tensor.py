@@ -1,15 +1,20 @@
-"""``Tensor``: an array that knows its device.
+"""``Tensor``: an array that knows its device, and making one from data
+(``tensor``, ``as_tensor``).
 
 On ``CPUDevice`` the storage is a NumPy array and the reference
 implementations compute; on a GPU device it is a torch tensor used only as
-memory, and the Triton kernels compute. Every operator goes through
-``triflux.ops``, which checks devices, dtypes and shapes and records the
-operation for ``gradient``.
+memory, and the Triton kernels compute. This module holds the storage and
+its metadata, copies to and from the host and between devices, printing
+and the DLPack protocol; the operators and methods that compute (``+``,
+``@``, ``sum``, ``reshape``, ``astype``, ...) are the functions of
+``triflux.ops``, which attaches them to ``Tensor`` and checks devices,
+dtypes and shapes before anything runs.
 """
 import numpy as np
 
 from . import dtypes as _dt
-from .devices import CPU, Device, get_device, _canonical
+from . import memory
+from .devices import CPU, as_device
 from .errors import DTypeError, DeviceMismatchError
 
 _TORCH_TO_NP = {}
@@ -83,7 +88,7 @@ class Tensor:
         """A NumPy copy of the values, from any device."""
         if isinstance(self._data, np.ndarray):
             return self._data.copy()
-        return _torch_to_numpy(self._data)
+        return torch_to_numpy(self._data)
 
     def __array__(self, dtype=None, copy=None):
         """NumPy's view of a CPU tensor; a device tensor raises
@@ -115,7 +120,7 @@ class Tensor:
                              "reduce it first (`.sum()`, `.mean()`) or index one element")
         data = self._data
         if not isinstance(data, np.ndarray):          # a device tensor: copy just this element
-            data = _torch_to_numpy(data.reshape(()) if data.dim() else data)
+            data = torch_to_numpy(data.reshape(()) if data.dim() else data)
         a = np.asarray(data).reshape(())
         if _dt.is_bfloat16(a.dtype):
             a = a.astype(np.float32)
@@ -151,68 +156,58 @@ class Tensor:
         return str(self)
 
     def __repr__(self):
-        """Shape, dtype, device and the values (copied from the device)."""
-        from .show import tensor_repr
-        return tensor_repr(self)
+        """Shape, dtype, device and the values (copied from the device), as Flux prints arrays."""
+        dims = "×".join(str(s) for s in self.shape) if self.ndim else "0-dimensional"
+        values = np.array2string(self.numpy(), separator=", ", threshold=200, edgeitems=3, precision=5)
+        return f"{dims} Tensor{{{self.dtype}}} on {self._device!r}:\n{values}"
 
-    # --- arithmetic (all through triflux.ops) ---------------------------------
-    def __add__(self, o): return _ops.add(self, o)
-    def __radd__(self, o): return _ops.add(o, self)
-    def __sub__(self, o): return _ops.sub(self, o)
-    def __rsub__(self, o): return _ops.sub(o, self)
-    def __mul__(self, o): return _ops.mul(self, o)
-    def __rmul__(self, o): return _ops.mul(o, self)
-    def __truediv__(self, o): return _ops.div(self, o)
-    def __rtruediv__(self, o): return _ops.div(o, self)
-    def __pow__(self, o): return _ops.pow(self, o)
-    def __rpow__(self, o): return _ops.pow(o, self)
-    def __matmul__(self, o): return _ops.matmul(self, o)
-    def __rmatmul__(self, o): return _ops.matmul(o, self)
-    def __neg__(self): return _ops.neg(self)
-    def __pos__(self): return self
-    def __abs__(self): return _ops.abs(self)
-    def __eq__(self, o): return _ops.eq(self, o)
-    def __ne__(self, o): return _ops.ne(self, o)
-    def __lt__(self, o): return _ops.lt(self, o)
-    def __le__(self, o): return _ops.le(self, o)
-    def __gt__(self, o): return _ops.gt(self, o)
-    def __ge__(self, o): return _ops.ge(self, o)
-    def __getitem__(self, index): return _ops.getitem(self, index)
-
-    def sum(self, axis=None, keepdims=False): return _ops.sum(self, axis, keepdims)
-    def mean(self, axis=None, keepdims=False): return _ops.mean(self, axis, keepdims)
-    def max(self, axis=None, keepdims=False): return _ops.max(self, axis, keepdims)
-
-    def reshape(self, *shape):
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        return _ops.reshape(self, shape)
-
-    def transpose(self, *axes):
-        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-            axes = tuple(axes[0])
-        return _ops.transpose(self, axes or None)
-
-    @property
-    def T(self):
-        return _ops.transpose(self, None)
-
-    def astype(self, dtype):
-        return _ops.cast(self, dtype)
-
-    def exp(self): return _ops.exp(self)
-    def log(self): return _ops.log(self)
-    def sqrt(self): return _ops.sqrt(self)
-    def tanh(self): return _ops.tanh(self)
+    def __pos__(self):
+        return self
 
     def to(self, device):
         """This tensor on ``device`` (a Device or a name such as "cpu", "cuda:1")."""
         return transfer(self, as_device(device))
 
+    # --- DLPack: other libraries read the storage without a copy ---------------------------
+    def _dlpack_producer(self):
+        """The array whose ``__dlpack__`` exports this tensor's memory."""
+        data = self._data
+        if isinstance(data, np.ndarray) and _dt.is_bfloat16(data.dtype):
+            try:
+                import torch
+            except ImportError:
+                raise DTypeError("NumPy's DLPack cannot export bfloat16; installing torch lets triflux export "
+                                 "bfloat16 CPU tensors without a copy") from None
+            return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+        return data
+
+    def __dlpack__(self, stream=None, **kwargs):
+        """A DLPack capsule over this tensor's memory (no copy), for
+        ``np.from_dlpack(t)``, ``torch.from_dlpack(t)``. ``stream`` and the
+        newer keywords (``max_version``, ``dl_device``, ``copy``) are passed
+        to the storage's own ``__dlpack__``."""
+        producer = self._dlpack_producer()
+        if stream is not None:
+            kwargs["stream"] = stream
+        try:
+            return producer.__dlpack__(**kwargs)
+        except TypeError:
+            if "max_version" in kwargs:   # an older producer: the legacy protocol
+                kwargs.pop("max_version")
+                return producer.__dlpack__(**kwargs)
+            raise
+
+    def __dlpack_device__(self):
+        """``(device_type, device_id)``; the Triton interpreter's CUDADevice
+        holds host memory and reports kDLCPU."""
+        kind, idx = self._dlpack_producer().__dlpack_device__()
+        return (int(kind), int(idx))
+
 
 # --- host <-> device ----------------------------------------------------------------
 
-def _torch_to_numpy(t):
+def torch_to_numpy(t):
+    """A NumPy copy of the torch tensor ``t``, from any device (bfloat16 as ml_dtypes' bfloat16)."""
     import torch
     t = t.detach()
     if t.device.type != "cpu":
@@ -222,7 +217,8 @@ def _torch_to_numpy(t):
     return t.numpy().copy()
 
 
-def _numpy_to_torch(arr, tdevice):
+def numpy_to_torch(arr, tdevice):
+    """A torch copy of the NumPy array ``arr`` on torch device ``tdevice``."""
     import torch
     arr = np.ascontiguousarray(arr).reshape(arr.shape)   # ascontiguousarray makes 0-d arrays 1-d
     if _dt.is_bfloat16(arr.dtype):
@@ -240,9 +236,8 @@ def _copy_to(t, tdevice):
     try:
         return t.to(tdevice, copy=True)
     except Exception as e:
-        from .triton_kernels import common
-        if common._is_oom(e):
-            raise common.out_of_memory(e, device=tdevice, asked=t.numel() * t.element_size(),
+        if memory.is_out_of_memory(e):
+            raise memory.out_of_memory(e, device=tdevice, asked=t.numel() * t.element_size(),
                                        purpose=f"a {tuple(t.shape)} tensor moved to the device") from None
         raise
 
@@ -253,30 +248,14 @@ def transfer(t, device):
     if src == device:
         return t
     if device.is_cpu:
-        return Tensor._make(_torch_to_numpy(t._data), CPU)
+        return Tensor._make(torch_to_numpy(t._data), CPU)
     tdev = device.torch_device
     if src.is_cpu:
-        return Tensor._make(_numpy_to_torch(t._data, tdev), device)
+        return Tensor._make(numpy_to_torch(t._data, tdev), device)
     return Tensor._make(_copy_to(t._data, tdev), device)
 
 
-def as_device(device):
-    """A Device from a Device, ``None`` (CPU) or a name: "cpu", "cuda",
-    "cuda:1", "amdgpu:0", "gpu"."""
-    if device is None:
-        return CPU
-    if isinstance(device, Device):
-        return device
-    if isinstance(device, str):
-        name, _, idx = device.partition(":")
-        if name.lower() == "gpu":
-            from .devices import gpu_device
-            return gpu_device()
-        return get_device(backend=_canonical(name), idx=int(idx or 0))
-    raise TypeError(f"not a device: {device!r}")
-
-
-# --- constructors ----------------------------------------------------------------------
+# --- making Tensors from data -------------------------------------------------------------
 
 def tensor(data, dtype=None, device=None):
     """A Tensor from a NumPy array, nested lists, a number or a Tensor.
@@ -287,10 +266,9 @@ def tensor(data, dtype=None, device=None):
     """
     dev = as_device(device)
     if isinstance(data, Tensor):
-        t = data if dtype is None else _ops.cast(data, dtype)
-        return transfer(t, dev)
+        return transfer(data if dtype is None else data.astype(dtype), dev)
     if type(data).__module__.startswith("torch"):
-        data = _torch_to_numpy(data)
+        data = torch_to_numpy(data)
     was_array = isinstance(data, np.ndarray) or np.isscalar(data) and isinstance(data, np.generic)
     arr = np.array(data, dtype=None if dtype is None else _dt.as_dtype(dtype), copy=True)
     if dtype is None and not was_array and arr.dtype == np.float64:
@@ -300,67 +278,44 @@ def tensor(data, dtype=None, device=None):
     return transfer(Tensor._make(arr, CPU), dev)
 
 
-_SEED = {"rng": np.random.default_rng()}
+def _constant(value, dtype, device):
+    """A Python number as a 0-d Tensor of ``dtype`` on ``device``; device
+    constants are cached, so a loop such as ``x * 0.5`` copies 0.5 once."""
+    arr = np.asarray(value, dtype=dtype)
+    if device.is_cpu:
+        return Tensor._make(arr, device)
+    key = (type(value), value, dtype, device)
+    c = _CONSTANTS.get(key)
+    if c is None:
+        c = transfer(Tensor._make(arr, CPU), device)
+        if len(_CONSTANTS) > 4096:
+            _CONSTANTS.clear()
+        _CONSTANTS[key] = c
+    return c
 
 
-def seed(s):
-    """Seed triflux's random numbers (``rand``, ``randn``, initialisers,
-    dropout) on every device."""
-    _SEED["rng"] = np.random.default_rng(s)
+_CONSTANTS = {}
 
 
-def next_seed():
-    """A fresh 31-bit seed for one random fill, from triflux's seeded stream."""
-    return int(_SEED["rng"].integers(0, 2**31 - 1))
-
-
-def _shape_args(shape):
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = tuple(shape[0])
-    shape = tuple(int(s) for s in shape)
-    if any(s < 0 for s in shape):
-        from .errors import ShapeError
-        raise ShapeError(f"negative dimension in shape {shape}")
-    return shape
-
-
-def full(shape, value, dtype=_dt.float32, device=None):
-    return _ops.fill(_shape_args((shape,) if isinstance(shape, int) else (tuple(shape),)),
-                     value, dtype=dtype, device=as_device(device))
-
-
-def zeros(*shape, dtype=_dt.float32, device=None):
-    return _ops.fill(_shape_args(shape), 0, dtype=dtype, device=as_device(device))
-
-
-def ones(*shape, dtype=_dt.float32, device=None):
-    return _ops.fill(_shape_args(shape), 1, dtype=dtype, device=as_device(device))
-
-
-def rand(*shape, dtype=_dt.float32, device=None, seed=None):
-    """Uniform on [0, 1), drawn on the device itself."""
-    return _ops.random("rand_uniform", _shape_args(shape), dtype, as_device(device), seed)
-
-
-def randn(*shape, dtype=_dt.float32, device=None, seed=None):
-    """Standard normal, drawn on the device itself."""
-    return _ops.random("rand_normal", _shape_args(shape), dtype, as_device(device), seed)
-
-
-from . import ops as _ops  # noqa: E402  (ops needs Tensor)
-
-
-def _dlpack_methods():
-    """``Tensor.__dlpack__``/``__dlpack_device__`` (the DLPack protocol:
-    ``np.from_dlpack(t)``, ``torch.from_dlpack(t)``), from triflux.interop."""
-    def __dlpack__(self, stream=None, **kw):
-        from .interop import tensor_dlpack
-        return tensor_dlpack(self, stream, **kw)
-
-    def __dlpack_device__(self):
-        from .interop import tensor_dlpack_device
-        return tensor_dlpack_device(self)
-    Tensor.__dlpack__, Tensor.__dlpack_device__ = __dlpack__, __dlpack_device__
-
-
-_dlpack_methods()
+def as_tensor(x, like=None):
+    """``x`` as a Tensor: Tensors pass; NumPy arrays become CPU Tensors;
+    Python numbers become constants of ``like``'s dtype and device (floats
+    of an integer ``like`` the default float type)."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (bool, int, float, np.number, np.bool_)) and like is not None:
+        ld = like.dtype
+        if _dt.is_floating(ld):
+            dt = ld
+        elif isinstance(x, (bool, np.bool_)):
+            dt = ld
+        elif isinstance(x, (int, np.integer)):
+            dt = ld if ld.kind in "iu" else _dt.int64
+        else:
+            dt = _dt.DEFAULT_FLOAT
+        return _constant(x, dt, like._device)
+    if isinstance(x, np.ndarray):
+        return Tensor._from_numpy(x)
+    if like is not None and isinstance(x, (list, tuple)):
+        return tensor(x, device=like._device)
+    return tensor(x)

@@ -10,6 +10,10 @@ import time
 
 import numpy as np
 
+import triflux as tf
+from triflux import losses, optimise
+from triflux.devices import as_device
+
 
 def load_digits_split(seed=0, test_fraction=0.2):
     try:
@@ -26,10 +30,6 @@ def load_digits_split(seed=0, test_fraction=0.2):
 
 
 def main(argv=None):
-    import triflux as tf
-    from triflux import losses, optimise
-    from triflux.tensor import as_device
-
     p = argparse.ArgumentParser(prog="python -m triflux demo mlp", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: a functional GPU, else cpu)")

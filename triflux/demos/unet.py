@@ -14,6 +14,7 @@ current step, saves a checkpoint and prints how to resume (--resume PATH).
 """
 import argparse
 import csv
+import math
 import os
 import signal
 import sys
@@ -21,12 +22,14 @@ import time
 
 import numpy as np
 
+import triflux as tf
+from triflux import losses, optimise
+from triflux.devices import as_device
+from triflux.models import UNet
+from .shapes import CLASSES, confusion, make_shapes, mean_iou, pixel_accuracy, split
+
 DEFAULTS = dict(epochs=15, batch_size=16, image_size=32, samples=1000, seed=0, depth=3, base_channels=16, lr=3e-3)
 CHECKPOINT_FORMAT = "triflux-demo-unet-checkpoint"
-
-
-class _Stop(Exception):
-    pass
 
 
 def parse(argv):
@@ -91,13 +94,11 @@ def _writable_folder(p, path):
 
 def learning_rate(cfg, epoch):
     """Cosine decay: ``lr * (1 + cos(pi * (epoch - 1) / epochs)) / 2``."""
-    import math
     return cfg["lr"] * 0.5 * (1 + math.cos(math.pi * (epoch - 1) / cfg["epochs"]))
 
 
 def evaluate(model, device, images, labels, batch=64):
     """(mean IoU, pixel accuracy, predictions) on held-out data, in test mode."""
-    from .shapes import confusion, mean_iou, pixel_accuracy
     preds = []
     for i in range(0, len(images), batch):
         logits = model(device(images[i: i + batch]))
@@ -155,12 +156,6 @@ def _write_metrics(out, history):
 
 
 def main(argv=None):
-    import triflux as tf
-    from triflux import losses, optimise
-    from triflux.models import UNet
-    from triflux.tensor import as_device
-    from .shapes import CLASSES, make_shapes, split
-
     p = parse(argv)
     args = p.parse_args(argv)
 

@@ -40,7 +40,13 @@ import time
 
 import numpy as np
 
+from .. import backend as _b
+from .. import dtypes as _dt
+from .. import ops
+from ..devices import CUDADevice
 from ..errors import DistributedError
+from ..preferences import SECTION, preferences_path
+from ..tensor import Tensor
 
 __all__ = ["DistributedBackend", "GlooBackend", "NCCLBackend", "MPIBackend", "initialize",
            "get_distributed_backend", "total_workers", "local_rank", "is_initialized", "shutdown",
@@ -96,7 +102,6 @@ def mpi_cuda_aware_preference():
         return env.strip().lower() not in ("0", "false", "no")
     try:
         import tomllib
-        from ..preferences import SECTION, preferences_path
         with open(preferences_path(), "rb") as f:
             return bool(tomllib.load(f).get(SECTION, {}).get("distributed_mpi_cuda_aware", False))
     except Exception:
@@ -106,8 +111,6 @@ def mpi_cuda_aware_preference():
 def _round_robin_device(node_local_rank):
     """This worker's GPU, ``node_local_rank % visible GPUs`` (``None`` when
     no GPU backend is functional)."""
-    from .. import backend as _b
-    from ..devices import CUDADevice
     ok, _ = _b.status("CUDA")
     if not ok:
         return None
@@ -200,11 +203,10 @@ class DistributedBackend:
 
 # --- torch.distributed (Gloo, NCCL) -----------------------------------------------------------------
 
-def _torch_view(arr):
+def torch_view(arr):
     """A zero-copy torch view of the NumPy array ``arr`` (bfloat16 included)."""
     import torch
     if arr.dtype.kind == "V":
-        from .. import dtypes as _dt
         if _dt.is_bfloat16(arr.dtype):
             return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(arr)
@@ -284,7 +286,7 @@ class GlooBackend(_TorchBackend):
 
     def host_collective(self, collective, arr, op, root):
         self._check_open(collective)
-        self._run(collective, _torch_view(arr), op, root)
+        self._run(collective, torch_view(arr), op, root)
         if op == "avg" and collective != "bcast" and (collective != "reduce" or self.rank == root):
             np.divide(arr, self.world_size, out=arr, casting="unsafe")
 
@@ -298,7 +300,6 @@ class NCCLBackend(_TorchBackend):
 
     def _prepare(self):
         import torch
-        from .. import backend as _b
         if _b.interpreter_on() or not torch.cuda.is_available() or torch.cuda.device_count() == 0:
             why = ("the Triton interpreter serves the CUDA device (TRITON_INTERPRET=1), which NCCL cannot use"
                    if _b.interpreter_on() else "no CUDA GPU is available to torch")
@@ -328,11 +329,11 @@ class NCCLBackend(_TorchBackend):
         # NCCL only moves GPU memory: stage the host buffer onto this worker's GPU and back
         self._check_open(collective)
         import torch
-        t = _torch_view(arr).to(self._tdev, copy=True)
+        t = torch_view(arr).to(self._tdev, copy=True)
         self._run(collective, t, op, root)
         if collective == "reduce" and self.rank != root:
             return
-        _torch_view(arr).copy_(t.to("cpu"))
+        torch_view(arr).copy_(t.to("cpu"))
         torch.cuda.synchronize(self._tdev)
 
 
@@ -490,16 +491,13 @@ class MPIBackend(DistributedBackend):
         torch.cuda.synchronize(t.device)
         self._exchange(collective, t, op, root)
         if op == "avg" and collective != "bcast" and (collective != "reduce" or self.rank == root):
-            from ..tensor import Tensor
-            from .. import ops
-            from ..triton_kernels import common
+            from ..triton_kernels import copy   # Triton only where a device collective runs
             dev = _device_of_torch(t)
             q = ops.div(Tensor._make(t, dev), self.world_size)
-            common.copy_into(t, q._data)
+            copy.copy_into(t, q._data)
 
 
 def _device_of_torch(t):
-    from ..devices import CUDADevice
     return CUDADevice(t.device.index or 0)
 
 
@@ -539,7 +537,6 @@ def initialize(kind, timeout=None, **kw):
                                "launcher's RANK/WORLD_SIZE")
     b = cls(rank, size, local, t, **kw)
     if cls is NCCLBackend:
-        from ..devices import CUDADevice
         b.device = CUDADevice(b._tdev.index)
     else:
         b.device = _round_robin_device(b.node_local_rank)
@@ -562,7 +559,10 @@ def get_distributed_backend(kind):
     return b
 
 
-def _backend(b, where):
+def as_backend(b, where):
+    """The running backend ``b`` names: a backend from ``initialize`` as it
+    is, a kind (``GlooBackend``, "gloo") as ``get_distributed_backend`` finds
+    it; ``where`` names the caller in the error."""
     if isinstance(b, DistributedBackend):
         return b
     if isinstance(b, type) or isinstance(b, str):
@@ -572,19 +572,19 @@ def _backend(b, where):
 
 def total_workers(backend):
     """The number of workers (processes) of ``backend``."""
-    return _backend(backend, "total_workers").world_size
+    return as_backend(backend, "total_workers").world_size
 
 
 def local_rank(backend):
     """This worker's rank, 0 .. ``total_workers(backend) - 1`` (Flux's
     ``local_rank``: the rank in the backend's communicator). The rank among
     the workers of this machine is ``backend.node_local_rank``."""
-    return _backend(backend, "local_rank").rank
+    return as_backend(backend, "local_rank").rank
 
 
 def shutdown(backend=None):
     """Close ``backend`` (all initialized backends when ``None``)."""
-    targets = list(_BACKENDS.values()) if backend is None else [_backend(backend, "shutdown")]
+    targets = list(_BACKENDS.values()) if backend is None else [as_backend(backend, "shutdown")]
     for b in targets:
         if not b.closed:
             b._shutdown()

@@ -29,8 +29,8 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import DistributedError, DTypeError
 from ..functor import children, is_layer, path_join
-from ..tensor import Tensor, _torch_to_numpy
-from .backends import _backend
+from ..tensor import Tensor, torch_to_numpy, transfer
+from .backends import as_backend, torch_view
 from .model import FluxDistributedModel
 
 __all__ = ["allreduce", "bcast", "reduce", "synchronize", "normalize_op"]
@@ -88,36 +88,37 @@ def _device_leaf(b, x, collective, op, root):
     keep = collective == "reduce" and b.rank != root
     overlapping = any(s == 0 for s, n in zip(t.stride(), t.shape) if n > 1)
     if b.device_direct(t):
-        from ..triton_kernels import common
-        buf = common.contiguous(t)
+        from ..triton_kernels import copy, launch   # Triton only where a device collective runs
+        buf = copy.contiguous(t)
         if keep or overlapping:
             if buf is t:
-                buf = common.copy_into(common.empty(t.shape, t.dtype, t.device), t)
+                buf = copy.copy_into(launch.empty(t.shape, t.dtype, t.device), t)
         b.device_collective(collective, buf, op, root)
         if keep:
             return x
         if overlapping:
             return Tensor._make(buf, x._device)
         if buf is not t:
-            common.copy_into(t, buf)
+            copy.copy_into(t, buf)
         return x
-    host = _torch_to_numpy(t)                         # a dense host copy
+    host = torch_to_numpy(t)                         # a dense host copy
     b.host_collective(collective, host, op, root)
     if keep:
         return x
     if overlapping:
         return _to_device(host, x._device)
-    from .backends import _torch_view
-    t.copy_(_torch_view(host))                        # host -> device memory, in place
+    t.copy_(torch_view(host))                        # host -> device memory, in place
     return x
 
 
 def _to_device(arr, device):
-    from ..tensor import transfer
     return transfer(Tensor._from_numpy(arr), device)
 
 
-def _leaf(b, x, collective, op, root, path):
+def collective_on_leaf(b, x, collective, op, root, path):
+    """``collective`` (with reduction ``op`` and ``root``) over backend ``b``
+    on one leaf ``x`` at ``path``: a Tensor (on its device, in place where
+    it can), a NumPy array or a number."""
     if isinstance(x, Tensor):
         if op is not None:
             _check_dtype(x.dtype, op, path, collective)
@@ -186,16 +187,16 @@ def _walk(x, f, path=""):
 
 
 def _collective(backend, x, collective, op, root):
-    b = _backend(backend, collective)
+    b = as_backend(backend, collective)
     root = int(root)
     if not 0 <= root < b.world_size:
         raise ValueError(f"{collective}: root {root} is not a rank of this backend (0..{b.world_size - 1})")
     op = None if op is None else _OP_NAMES.get(op) if isinstance(op, str) and op in _OP_NAMES else \
         normalize_op(op)
     if isinstance(x, FluxDistributedModel):
-        _walk(x.model, lambda v, p: _leaf(b, v, collective, op, root, p))
+        _walk(x.model, lambda v, p: collective_on_leaf(b, v, collective, op, root, p))
         return x
-    return _walk(x, lambda v, p: _leaf(b, v, collective, op, root, p))
+    return _walk(x, lambda v, p: collective_on_leaf(b, v, collective, op, root, p))
 
 
 def allreduce(backend, x, op):
@@ -264,7 +265,7 @@ def synchronize(backend, x, root=0):
     First every worker's structure (paths, shapes, dtypes) is compared with
     the root's; if any worker differs, every worker raises a
     ``DistributedError`` naming the first differing field."""
-    b = _backend(backend, "synchronize")
+    b = as_backend(backend, "synchronize")
     root = int(root)
     if not 0 <= root < b.world_size:
         raise ValueError(f"synchronize: root {root} is not a rank of this backend (0..{b.world_size - 1})")
@@ -282,4 +283,4 @@ def synchronize(backend, x, root=0):
                 + (f" (rank {r} has `{eb[0]}` there)" if ea and eb and ea[0] != eb[0] else "")
                 + ". Every worker must build the same model (same layers, sizes and dtypes) and optimiser "
                 "state before synchronizing.")
-    return _walk(inner, lambda v, p: _leaf(b, v, "bcast", None, root, p))
+    return _walk(inner, lambda v, p: collective_on_leaf(b, v, "bcast", None, root, p))

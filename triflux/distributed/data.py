@@ -4,8 +4,10 @@ import math
 
 import numpy as np
 
-from ..data import DataLoader, _is_container, _rebuild, _count_observations
-from .backends import _backend
+from .. import ops
+from ..data import DataLoader, is_data_container, rebuild, count_observations
+from ..tensor import Tensor
+from .backends import as_backend
 
 __all__ = ["DistributedDataContainer", "shard_range"]
 
@@ -26,7 +28,6 @@ def local_rows(index, n, who):
     from the end), a slice, or a 1-d int array (from a list, range, int
     array or Tensor, or a boolean mask of length ``n``); ``IndexError`` when
     out of range, ``TypeError`` for anything else."""
-    from ..tensor import Tensor
     if isinstance(index, slice):
         return index
     if isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_)):
@@ -71,13 +72,11 @@ class _ContainerShard:
 def _take(x, rows):
     """Observations ``rows`` (an int, slice or int array) of the array,
     Tensor or container ``x``; Tensors stay on their device."""
-    from ..tensor import Tensor
     if not isinstance(x, Tensor) or isinstance(rows, (int, slice)):
         return x[rows]
     if x.device.is_cpu:
         return Tensor._from_numpy(x._data[rows])
     # on a device: one slice per run of consecutive rows, joined
-    from .. import ops
     cuts = np.flatnonzero(np.diff(rows) != 1) + 1
     runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(rows, cuts) if len(r)]
     parts = [x[lo:hi] for lo, hi in runs] or [x[0:0]]
@@ -87,7 +86,6 @@ def _take(x, rows):
 def _summary(x):
     """``float32[8, 3]`` for an array, ``Tensor float32[8, 3] on ...`` for a
     Tensor, ``MyDataset[0:8]`` for a container's shard."""
-    from ..tensor import Tensor
     if isinstance(x, dict):
         return "{" + ", ".join(f"{k!r}: {_summary(v)}" for k, v in x.items()) + "}"
     if isinstance(x, (tuple, list)):
@@ -126,13 +124,13 @@ class DistributedDataContainer:
     every shard holds the same number of full batches."""
 
     def __init__(self, backend, data):
-        b = _backend(backend, "DistributedDataContainer")
-        self.nobs_total = _count_observations(data, "DistributedDataContainer")
+        b = as_backend(backend, "DistributedDataContainer")
+        self.nobs_total = count_observations(data, "DistributedDataContainer")
         self.rank, self.workers = b.rank, b.world_size
         lo, hi = shard_range(self.nobs_total, self.workers, self.rank)
         self.indices = range(lo, hi)
         self.parent = data
-        self.data = _rebuild(data, lambda x: _ContainerShard(x, lo, hi) if _is_container(x) else x[lo:hi])
+        self.data = rebuild(data, lambda x: _ContainerShard(x, lo, hi) if is_data_container(x) else x[lo:hi])
         if isinstance(data, list):
             self.data = list(self.data)
 
@@ -141,7 +139,7 @@ class DistributedDataContainer:
 
     def __getitem__(self, index):
         rows = local_rows(index, len(self), f"DistributedDataContainer (rank {self.rank} of {self.workers})")
-        return _rebuild(self.data, lambda x: _take(x, rows))
+        return rebuild(self.data, lambda x: _take(x, rows))
 
     def __iter__(self):
         for i in range(len(self)):

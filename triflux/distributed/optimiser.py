@@ -1,8 +1,8 @@
 """``DistributedOptimizer``: a rule that averages gradients over workers
 before stepping."""
 from ..optimise import MixedPrecision, Rule
-from .backends import _backend
-from .collectives import _leaf
+from .backends import as_backend
+from .collectives import collective_on_leaf
 
 __all__ = ["DistributedOptimizer"]
 
@@ -28,7 +28,7 @@ class DistributedOptimizer(Rule):
         if not isinstance(rule, Rule) or isinstance(rule, (MixedPrecision, DistributedOptimizer)):
             raise TypeError(f"DistributedOptimizer(backend, rule): {rule!r} is not a plain optimisation rule "
                             "(e.g. `DistributedOptimizer(backend, Adam(1e-3))`)")
-        self.backend = _backend(backend, "DistributedOptimizer")
+        self.backend = as_backend(backend, "DistributedOptimizer")
         self.rule = rule
         self._fields = rule._fields
 
@@ -61,5 +61,5 @@ class DistributedOptimizer(Rule):
         return self.rule
 
     def step(self, x, g, st):
-        g = _leaf(self.backend, g, "allreduce", "avg", 0, "gradient")
+        g = collective_on_leaf(self.backend, g, "allreduce", "avg", 0, "gradient")
         return self.rule.step(x, g, st)

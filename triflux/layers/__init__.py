@@ -1,9 +1,19 @@
-"""Layers: callables holding parameters (Tensors) as attributes."""
-from .base import Layer
-from .basic import Chain, Dense, flatten, Flatten
-from .containers import SkipConnection, Parallel
-from .pool import (GlobalMeanPool, GlobalMaxPool, MaxPool, MeanPool, AdaptiveMaxPool, AdaptiveMeanPool,
-                   Upsample)
-from .conv import Conv, ConvTranspose
-from .norm import BatchNorm, Dropout
-from .recurrent import RNN, LSTM, GRU, RNNCell, LSTMCell, GRUCell
+"""Layers: callables holding parameters (Tensors) as attributes.
+
+Each module lists its public layers in ``__all__``; this package exports
+exactly those (and ``triflux`` exports this package's ``__all__``), so a new
+layer is exported by naming it in its module's ``__all__``.
+"""
+from .base import *        # noqa: F401,F403
+from .containers import *  # noqa: F401,F403
+from .conv import *        # noqa: F401,F403
+from .dense import *       # noqa: F401,F403
+from .dropout import *     # noqa: F401,F403
+from .norm import *        # noqa: F401,F403
+from .pool import *        # noqa: F401,F403
+from .recurrent import *   # noqa: F401,F403
+from .stateless import *   # noqa: F401,F403
+from . import base, containers, conv, dense, dropout, norm, pool, recurrent, stateless
+
+__all__ = [name for module in (base, containers, conv, dense, dropout, norm, pool, recurrent, stateless)
+           for name in module.__all__]

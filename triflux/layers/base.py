@@ -1,5 +1,8 @@
 """The layer base class: parameters are attributes holding Tensors."""
 from ..functor import holds_arrays
+from ..show import layer_repr
+
+__all__ = ["Layer"]
 
 
 class Layer:
@@ -8,14 +11,15 @@ class Layer:
     ``gradient``, ``state`` and the optimisers all walk them.
 
     ``_nontrainable`` names children that hold state but are not trained
-    (BatchNorm's running statistics)."""
+    (BatchNorm's running statistics); ``_big_show`` makes a container print
+    as a block of its layers, one per line (Chain, as Flux)."""
     _nontrainable = ()
+    _big_show = False
 
     def _children(self):
         return {k: v for k, v in vars(self).items() if holds_arrays(v)}
 
     def __repr__(self):
-        from ..show import layer_repr
         return layer_repr(self)
 
     def _signature(self):

@@ -1,10 +1,49 @@
-"""Layers that combine other layers: SkipConnection and Parallel (Flux's)."""
+"""Layers that combine other layers (Flux's containers): Chain,
+SkipConnection and Parallel."""
+from ..functor import is_layer
+from ..show import fname
 from .base import Layer
+
+__all__ = ["Chain", "SkipConnection", "Parallel"]
+
+
+class Chain(Layer):
+    """Layers (or any functions) applied in order: ``Chain(l1, l2)(x) ==
+    l2(l1(x))``. ``Chain(enc=..., dec=...)`` names them; ``chain[i]``
+    indexes, slices give a sub-Chain."""
+    _big_show = True   # prints as a block, one layer per line (triflux.show)
+
+    def __init__(self, *layers, **named):
+        if layers and named:
+            raise TypeError("Chain takes layers either by position or by name, not both")
+        if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
+            layers = tuple(layers[0])
+        self.layers = dict(named) if named else list(layers)
+
+    def _sequence(self):
+        return list(self.layers.values()) if isinstance(self.layers, dict) else self.layers
+
+    def __call__(self, x):
+        for layer in self._sequence():
+            x = layer(x)
+        return x
+
+    def __getitem__(self, i):
+        if isinstance(self.layers, dict) and isinstance(i, str):
+            return self.layers[i]
+        seq = self._sequence()
+        if isinstance(i, slice):
+            return Chain(*seq[i])
+        return seq[i]
+
+    def __len__(self):
+        return len(self.layers)
+
+    def __iter__(self):
+        return iter(self._sequence())
 
 
 def _short(f):
-    from ..functor import is_layer
-    from ..show import fname
     if is_layer(f):
         return f"{type(f).__name__}({f._signature()})"
     return {"add": "+", "mul": "*"}.get(fname(f), fname(f))

@@ -3,16 +3,23 @@ CrossCor) and ConvTranspose, on (N, C, H, W) inputs with PyTorch's weight
 layouts, so PyTorch weights load without flipping."""
 import numpy as np
 
-from .. import ops
+from .. import activations, ops
 from .. import dtypes as _dt
-from ..activations import identity, relu, sigmoid, tanh
+from ..activations import identity
+from ..arguments import pair, quad
+from ..devices import as_device
 from ..errors import ShapeError
-from ..tensor import Tensor, transfer, as_device
+from ..show import fname
+from ..specs.conv import FUSABLE_ACTIVATIONS
+from ..tensor import Tensor, as_tensor, transfer
 from .base import Layer, layer_name
-from .basic import check_input, glorot_uniform
+from .initialisers import glorot_uniform
+from .inputs import check_input
+
+__all__ = ["Conv", "ConvTranspose"]
 
 
-def _same_padding(kernel, dilation):
+def same_padding(kernel, dilation):
     """PyTorch's padding="same" for stride 1: the total d(k-1) split with the
     extra element at the bottom/right."""
     out = []
@@ -26,7 +33,7 @@ def _init_parameters(layer, shape, fan_in, fan_out, out_channels, init, bias, dt
     """``layer.weight`` of ``shape`` from ``init`` (Glorot with the
     convolution's fans by default) and a zero ``layer.bias``, on ``device``."""
     w = init(*shape, fan_in=fan_in, fan_out=fan_out, dtype=dtype) if init is glorot_uniform else \
-        ops.as_tensor(init(*shape))
+        as_tensor(init(*shape))
     layer.weight = ops.cast(w, dtype)
     layer.bias = Tensor._from_numpy(np.zeros(out_channels, dtype=_dt.as_dtype(dtype))) if bias else None
     if device is not None:
@@ -36,13 +43,15 @@ def _init_parameters(layer, shape, fan_in, fan_out, out_channels, init, bias, dt
 
 
 def _four_d(layer, x):
-    x = ops.as_tensor(np.asarray(x) if not isinstance(x, Tensor) else x)
+    x = as_tensor(np.asarray(x) if not isinstance(x, Tensor) else x)
     if x.ndim != 4:
         raise ShapeError(f"{layer_name(layer)} expects a 4-d (N, C, H, W) input, got shape {x.shape}")
     return x
 
 
-def _pad_str(pad):
+def pad_str(pad):
+    """A padding (top, bottom, left, right) as Flux prints it: one number
+    when all four agree, (h, w) when each axis is symmetric."""
     t, b, l, r = pad
     if t == b == l == r:
         return str(t)
@@ -52,8 +61,8 @@ def _pad_str(pad):
 
 
 #: the activations conv2d_bias_act applies in its epilogue (σ is sigmoid), by identity
-#: (a user's activation need not be hashable)
-_FUSABLE = {id(identity): "identity", id(relu): "relu", id(sigmoid): "sigmoid", id(tanh): "tanh"}
+#: (a user's activation need not be hashable) -> their name
+_FUSABLE = {id(getattr(activations, name)): name for name in FUSABLE_ACTIVATIONS}
 
 
 def _options(layer, *options):
@@ -77,15 +86,15 @@ class Conv(Layer):
 
     def __init__(self, kernel, in_channels, out_channels, activation=identity, *, stride=1, pad=0,
                  dilation=1, groups=1, bias=True, init=glorot_uniform, dtype=_dt.float32, device=None):
-        kernel = ops.pair(kernel, "kernel")
+        kernel = pair(kernel, "kernel")
         if in_channels % groups or out_channels % groups:
             raise ValueError(f"Conv: channels {in_channels} => {out_channels} must both be divisible by groups={groups}")
-        self.stride, self.dilation, self.groups = ops.pair(stride, "stride"), ops.pair(dilation, "dilation"), int(groups)
+        self.stride, self.dilation, self.groups = pair(stride, "stride"), pair(dilation, "dilation"), int(groups)
         if pad == "same":
             if self.stride != (1, 1):
                 raise ValueError('Conv: pad="same" needs stride 1 (as in PyTorch)')
-            pad = _same_padding(kernel, self.dilation)
-        self.pad = ops.quad(pad)
+            pad = same_padding(kernel, self.dilation)
+        self.pad = quad(pad)
         k = kernel[0] * kernel[1]
         _init_parameters(self, (out_channels, in_channels // groups, *kernel), k * in_channels // groups,
                          k * out_channels // groups, out_channels, init, bias, dtype, device)
@@ -115,12 +124,11 @@ class Conv(Layer):
         return self.activation(y)
 
     def _signature(self):
-        from ..show import fname
         o, i, kh, kw = self.weight.shape
         s = f"({kh}, {kw}), {i * self.groups} => {o}"
         if self.activation is not identity:
             s += f", {fname(self.activation)}"
-        return s + _options(self, ("pad", _pad_str(self.pad), "0"), ("stride", self.stride, (1, 1)),
+        return s + _options(self, ("pad", pad_str(self.pad), "0"), ("stride", self.stride, (1, 1)),
                             ("dilation", self.dilation, (1, 1)), ("groups", self.groups, 1))
 
 
@@ -131,9 +139,9 @@ class ConvTranspose(Layer):
 
     def __init__(self, kernel, in_channels, out_channels, activation=identity, *, stride=1, pad=0,
                  outpad=0, dilation=1, groups=1, bias=True, init=glorot_uniform, dtype=_dt.float32, device=None):
-        kernel = ops.pair(kernel, "kernel")
-        self.stride, self.dilation, self.groups = ops.pair(stride, "stride"), ops.pair(dilation, "dilation"), int(groups)
-        self.pad, self.outpad = ops.quad(pad), ops.pair(outpad, "outpad")
+        kernel = pair(kernel, "kernel")
+        self.stride, self.dilation, self.groups = pair(stride, "stride"), pair(dilation, "dilation"), int(groups)
+        self.pad, self.outpad = quad(pad), pair(outpad, "outpad")
         k = kernel[0] * kernel[1]
         _init_parameters(self, (in_channels, out_channels // groups, *kernel), k * out_channels // groups,
                          k * in_channels // groups, out_channels, init, bias, dtype, device)
@@ -149,11 +157,10 @@ class ConvTranspose(Layer):
         return self.activation(y)
 
     def _signature(self):
-        from ..show import fname
         i, o, kh, kw = self.weight.shape
         s = f"({kh}, {kw}), {i} => {o * self.groups}"
         if self.activation is not identity:
             s += f", {fname(self.activation)}"
-        return s + _options(self, ("stride", self.stride, (1, 1)), ("pad", _pad_str(self.pad), "0"),
+        return s + _options(self, ("stride", self.stride, (1, 1)), ("pad", pad_str(self.pad), "0"),
                             ("outpad", self.outpad, (0, 0)), ("dilation", self.dilation, (1, 1)),
                             ("groups", self.groups, 1))

@@ -1,16 +1,21 @@
-"""BatchNorm and Dropout: layers that behave differently in training.
+"""BatchNorm: normalisation with the batch's statistics in training and the
+running ones in testing.
 
-As in Flux, they are active inside ``gradient`` and inactive outside, unless
-``trainmode``/``testmode`` pinned them (their ``active`` attribute)."""
+As in Flux, it is active inside ``gradient`` and inactive outside, unless
+``trainmode``/``testmode`` pinned it (its ``active`` attribute)."""
 import numpy as np
 
-from .. import ops
 from .. import dtypes as _dt
+from .. import ops
 from ..activations import identity
+from ..devices import as_device
 from ..modes import is_active
-from ..tensor import Tensor, transfer, as_device
+from ..show import fname
+from ..tensor import Tensor, transfer
 from .base import Layer
-from .basic import check_input
+from .inputs import check_input
+
+__all__ = ["BatchNorm"]
 
 
 class BatchNorm(Layer):
@@ -62,28 +67,7 @@ class BatchNorm(Layer):
         self.running_mean, self.running_var = new_mean, new_var
 
     def _signature(self):
-        from ..show import fname
         s = f"{self.weight.shape[0]}"
         if self.activation is not identity:
             s += f", {fname(self.activation)}"
         return s
-
-
-class Dropout(Layer):
-    """Zero each element with probability ``p`` in training, scaling the
-    rest by ``1/(1-p)``; the identity in testing. The mask is drawn on the
-    input's device from triflux's seeded stream (``triflux.seed``)."""
-
-    def __init__(self, p):
-        if not 0 <= p <= 1:
-            raise ValueError(f"Dropout probability must be in [0, 1], got {p}")
-        self.p = float(p)
-        self.active = None
-
-    def __call__(self, x):
-        if not is_active(self) or self.p == 0:
-            return x
-        return ops.dropout(x, self.p)
-
-    def _signature(self):
-        return f"{self.p}"

@@ -9,9 +9,15 @@ call, with a ShapeError that names the layer and says what to change.
 import numbers
 
 from .. import ops
+from ..arguments import quad
 from ..errors import ShapeError
+from ..specs.pool import pool2d_spec
+from ..specs.upsample import upsample2d_spec
+from ..tensor import as_tensor
 from .base import Layer, layer_name
-from .conv import _pad_str
+from .conv import pad_str
+
+__all__ = ["MaxPool", "MeanPool", "AdaptiveMaxPool", "AdaptiveMeanPool", "GlobalMeanPool", "GlobalMaxPool", "Upsample"]
 
 
 def _is_number(v):
@@ -29,7 +35,7 @@ def _ints(layer, what, v, low, n=2):
 
 
 def _four_d(layer, x):
-    x = ops.as_tensor(x)
+    x = as_tensor(x)
     if x.ndim != 4:
         raise ShapeError(f"{layer_name(layer)} expects a 4-d (N, C, H, W) input, got shape {x.shape}")
     return x
@@ -54,19 +60,19 @@ class _WindowPool(Layer):
         if len(sides) not in (1, 2, 4) or not all(_is_number(p) and float(p).is_integer() and p >= 0 for p in sides):
             raise ShapeError(f"{name}: pad must be a non-negative int, (h, w) or (top, bottom, left, right), "
                              f"got {pad!r}")
-        self.pad = ops.quad(tuple(int(p) for p in sides) if len(sides) > 1 else int(sides[0]))
+        self.pad = quad(tuple(int(p) for p in sides) if len(sides) > 1 else int(sides[0]))
         self.ceil_mode = bool(ceil_mode)
 
     def _check_pad(self, name, extent):
         t, b, l, r = self.pad
         if max(t, b) >= extent[0] or max(l, r) >= extent[1]:
-            raise ShapeError(f"{name}: pad={_pad_str(self.pad)} must be smaller than the window {extent} along "
+            raise ShapeError(f"{name}: pad={pad_str(self.pad)} must be smaller than the window {extent} along "
                              "each axis (a window of padding only has no value); use a smaller pad")
 
     def _options(self, *extra):
         s = _side(self.window)
         s = f"({s}, {s})" if "," not in s else s
-        for name, v, default in (("pad", _pad_str(self.pad), "0"), ("stride", self.stride, self.window)) + extra:
+        for name, v, default in (("pad", pad_str(self.pad), "0"), ("stride", self.stride, self.window)) + extra:
             if v != default:
                 s += f", {name}={_side(v) if isinstance(v, tuple) else str(v).lower() if isinstance(v, bool) else v}"
         return s
@@ -88,8 +94,8 @@ class MaxPool(_WindowPool):
     def __call__(self, x):
         x = _four_d(self, x)
         try:
-            from ..reference.pool import pool_geometry
-            pool_geometry(x.shape, self.window, self.stride, self.pad, self.dilation, self.ceil_mode)
+            pool2d_spec("maxpool2d", x.shape, x.dtype, self.window, self.stride, self.pad, self.dilation,
+                        self.ceil_mode)
         except ShapeError as e:
             raise _geometry_error(self, e, x) from None
         return ops.maxpool2d(x, self.window, self.stride, self.pad, self.dilation, self.ceil_mode)
@@ -112,8 +118,7 @@ class MeanPool(_WindowPool):
     def __call__(self, x):
         x = _four_d(self, x)
         try:
-            from ..reference.pool import pool_geometry
-            pool_geometry(x.shape, self.window, self.stride, self.pad, (1, 1), self.ceil_mode)
+            pool2d_spec("meanpool2d", x.shape, x.dtype, self.window, self.stride, self.pad, (1, 1), self.ceil_mode)
         except ShapeError as e:
             raise _geometry_error(self, e, x) from None
         return ops.meanpool2d(x, self.window, self.stride, self.pad, self.ceil_mode, self.count_include_pad)
@@ -155,7 +160,7 @@ class AdaptiveMeanPool(_AdaptivePool):
 
 
 def _spatial(layer, x):
-    x = ops.as_tensor(x)
+    x = as_tensor(x)
     if x.ndim < 3:
         raise ShapeError(f"{layer_name(layer)} expects (N, C, spatial...) input, got shape {x.shape}")
     return x
@@ -228,8 +233,7 @@ class Upsample(Layer):
     def __call__(self, x):
         x = _four_d(self, x)
         try:
-            from ..reference.upsample import upsample_size
-            upsample_size(x.shape, self.size, self.scale)
+            upsample2d_spec(f"upsample_{self.mode}2d", x.shape, x.dtype, self.size, self.scale, self.align_corners)
         except ShapeError as e:
             raise ShapeError(f"{layer_name(self)} cannot resize an input of shape {x.shape}: {e}; use a larger "
                              "scale, or size=(H, W)") from None

@@ -15,9 +15,10 @@ for the LSTM, each (N, H). ``layer(x, state)`` starts from a given state
 (zeros by default). A cell returns ``(output, new_state)``; its output is the
 new ``h``.
 
-The whole sequence is one primitive (``rnn_sequence``, ``lstm_sequence``,
-``gru_sequence``): on a GPU a few kernel launches per sequence, with
-backpropagation through time in one more.
+The whole sequence is one primitive, run by its ops function
+(``ops.rnn_sequence``, ``ops.lstm_sequence``, ``ops.gru_sequence``): on a GPU
+a few kernel launches per sequence, with backpropagation through time in one
+more.
 """
 import math
 
@@ -26,11 +27,15 @@ import numpy as np
 from .. import ops
 from .. import dtypes as _dt
 from ..activations import relu, tanh
+from ..constructors import fill, next_seed
+from ..devices import as_device
 from ..errors import ShapeError
-from ..registry import REGISTRY
-from ..tensor import Tensor, next_seed, transfer, as_device
+from ..show import fname
+from ..tensor import Tensor, as_tensor, transfer
 from .base import Layer, layer_name
-from .basic import check_input
+from .inputs import check_input
+
+__all__ = ["RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell"]
 
 _ACTIVATIONS = {tanh: "tanh", relu: "relu"}
 
@@ -38,7 +43,7 @@ _ACTIVATIONS = {tanh: "tanh", relu: "relu"}
 class _Recurrent(Layer):
     """Shared set-up of the recurrent layers and cells (parameters, checks)."""
     _gates = 1
-    _primitive = "rnn_sequence"
+    _sequence = staticmethod(ops.rnn_sequence)   # the ops function that runs the whole sequence
     _two_states = False
 
     def _setup(self, in_features, out_features, dtype, device):
@@ -77,7 +82,6 @@ class _Recurrent(Layer):
         return {}
 
     def _signature(self):
-        from ..show import fname
         s = f"{self.in_features} => {self.out_features}"
         act = getattr(self, "activation", tanh)
         if act is not tanh:
@@ -90,7 +94,7 @@ class _Recurrent(Layer):
 
     def _input(self, x, rank):
         if not isinstance(x, Tensor):
-            x = ops.as_tensor(np.asarray(x))
+            x = as_tensor(np.asarray(x))
         want = "(N, L, in) sequence (batch first)" if rank == 3 else "(N, in) batch"
         if x.ndim != rank:
             hint = ""
@@ -102,7 +106,7 @@ class _Recurrent(Layer):
 
     def _one_state(self, s, n, what):
         if not isinstance(s, Tensor):
-            s = ops.as_tensor(np.asarray(s))
+            s = as_tensor(np.asarray(s))
         if s.ndim != 2 or s.shape[0] != n:
             raise ShapeError(f"{layer_name(self)}: the {what} state must have shape ({n}, {self.out_features}) "
                              f"(batch, hidden) for an input batch of {n}, got shape {s.shape}")
@@ -112,7 +116,7 @@ class _Recurrent(Layer):
         """The initial state as a tuple of (N, H) Tensors (zeros when None)."""
         names = ("h", "c") if self._two_states else ("h",)
         if state is None:
-            z = ops.fill((n, self.out_features), 0.0, self.weight_ih.dtype, self.weight_ih._device)
+            z = fill((n, self.out_features), 0.0, self.weight_ih.dtype, self.weight_ih._device)
             return (z,) * len(names)
         if self._two_states:
             if not isinstance(state, (tuple, list)) or len(state) != 2:
@@ -133,9 +137,7 @@ class _Recurrent(Layer):
         n, length, _ = x.shape
         h = self.out_features
         init = self._state(state, n)
-        prim = REGISTRY[self._primitive]
-        out = ops.apply(prim, (x,) + init + (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh),
-                        self._attrs(), type(self).__name__)
+        out = self._sequence(x, *init, self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh, **self._attrs())
         if self._two_states:
             y = ops.getitem(out, (slice(None), slice(None), slice(0, h)))
             if length == 0:
@@ -192,7 +194,7 @@ class RNNCell(_Cell):
 class LSTMCell(_Cell):
     """One LSTM step (torch.nn.LSTMCell's equations, gates i, f, g, o):
     ``cell(x, (h, c)) -> (h', (h', c'))``."""
-    _gates, _primitive, _two_states = 4, "lstm_sequence", True
+    _gates, _sequence, _two_states = 4, staticmethod(ops.lstm_sequence), True
 
     def __init__(self, in_features, out_features, *, dtype=_dt.float32, device=None):
         self._setup(in_features, out_features, dtype, device)
@@ -201,7 +203,7 @@ class LSTMCell(_Cell):
 class GRUCell(_Cell):
     """One GRU step (torch.nn.GRUCell's equations, gates r, z, n):
     ``cell(x, h) -> (h', h')``."""
-    _gates, _primitive = 3, "gru_sequence"
+    _gates, _sequence = 3, staticmethod(ops.gru_sequence)
 
     def __init__(self, in_features, out_features, *, dtype=_dt.float32, device=None):
         self._setup(in_features, out_features, dtype, device)
@@ -227,7 +229,7 @@ class RNN(_Layer):
 class LSTM(_Layer):
     """LSTM over a batch-first sequence (N, L, in) -> (N, L, out), as
     ``torch.nn.LSTM(in, out, batch_first=True)``; the state is (h, c)."""
-    _gates, _primitive, _two_states = 4, "lstm_sequence", True
+    _gates, _sequence, _two_states = 4, staticmethod(ops.lstm_sequence), True
 
     def __init__(self, in_features, out_features, *, return_state=False, dtype=_dt.float32, device=None):
         self.return_state = bool(return_state)
@@ -237,7 +239,7 @@ class LSTM(_Layer):
 class GRU(_Layer):
     """GRU over a batch-first sequence (N, L, in) -> (N, L, out), as
     ``torch.nn.GRU(in, out, batch_first=True)``; the state is h."""
-    _gates, _primitive = 3, "gru_sequence"
+    _gates, _sequence = 3, staticmethod(ops.gru_sequence)
 
     def __init__(self, in_features, out_features, *, return_state=False, dtype=_dt.float32, device=None):
         self.return_state = bool(return_state)
