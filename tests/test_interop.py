@@ -345,6 +345,19 @@ def test_to_torch_of_triflux_model_matches(dev):
     np.testing.assert_allclose(back(x).numpy(), t(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_conversion_table_names_torch_modules_and_lists_every_layer():
+    """Each Conversion names torch modules that exist, and to_torch's refusal
+    lists the triflux side of every entry it translates."""
+    for c in interop.CONVERSIONS:
+        for name in c.torch:
+            assert issubclass(interop._torch_class(name), nn.Module), name
+    with pytest.raises(tf.TrifluxError) as e:
+        tf.to_torch(tf.Parallel(operator.add, tf.Dense(2, 2)))
+    for c in interop.CONVERSIONS:
+        for key in c.triflux if c.to_torch else ():
+            assert key.__module__ == interop.__name__ or key.__name__ in str(e.value), key
+
+
 def test_importing_triflux_does_not_import_torch():
     r = run_python("""
         import sys
@@ -417,16 +430,16 @@ def test_from_dlpack_to_a_device(dev):
 
 
 class _Producer:
-    """What ``Tensor.__dlpack__``/``__dlpack_device__`` delegate to."""
+    """An object other than a Tensor exporting ``t`` through its DLPack protocol."""
 
     def __init__(self, t):
         self.t = t
 
     def __dlpack__(self, **kw):
-        return interop.tensor_dlpack(self.t, **kw)
+        return self.t.__dlpack__(**kw)
 
     def __dlpack_device__(self):
-        return interop.tensor_dlpack_device(self.t)
+        return self.t.__dlpack_device__()
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -437,7 +450,7 @@ def test_to_dlpack_shares_memory(dev):
     assert t.shape == (2, 3) and t.dtype == torch.float32
     t[0, 0] = 11                                 # write through torch, read through triflux
     assert x.numpy()[0, 0] == 11
-    kind, idx = interop.tensor_dlpack_device(x)
+    kind, idx = x.__dlpack_device__()
     assert kind == (interop.kDLCPU if d.is_cpu or tf.backend.interpreter_on() else interop.kDLCUDA)
 
     if kind == interop.kDLCPU:
@@ -530,7 +543,7 @@ def test_recurrent_with_return_state_does_not_go_to_torch():
         tf.to_torch(tf.LSTM(2, 3, return_state=True))
 
 
-# --- pooling and upsampling options (issue 12) ---------------------------------------------------
+# --- pooling and upsampling options ---------------------------------------------------------------
 
 POOL_MODULES = [
     lambda: nn.MaxPool2d((3, 2), padding=1, dilation=(1, 2), ceil_mode=True),

@@ -62,6 +62,11 @@ batch-first layers whatever ``batch_first`` says. Other layers (``Parallel``,
 skips with other connections, ``UNet``, cells) raise an error naming their
 place in the model.
 
+Each supported pair is one ``Conversion`` in ``CONVERSIONS`` (torch module
+classes, triflux layer classes or functions, and the functions between them);
+``SUPPORTED_TORCH`` and the error messages are read from it, so supporting
+another layer is one entry there.
+
 Parameters keep their dtype (float64 stays float64) and are copied to
 ``device`` (``from_torch``; default the CPU) or to the torch device matching
 the parameters' triflux device (``to_torch``: the CPU for the CPU device and
@@ -83,18 +88,32 @@ triflux ``Tensor`` sharing its memory where the device allows:
   ``from_dlpack(x, device=CUDADevice(0))`` gives the interpreter's device,
   still without a copy. Any other ``device`` than the producer's copies.
 
-``to_dlpack(t)`` returns a DLPack capsule of a triflux Tensor (no copy);
-``tensor_dlpack(t, ...)`` and ``tensor_dlpack_device(t)`` implement the
-``__dlpack__`` / ``__dlpack_device__`` protocol for ``Tensor``. Memory of the
-interpreter's ``CUDADevice`` is host memory and is exported as kDLCPU.
+``to_dlpack(t)`` returns a DLPack capsule of a triflux Tensor (no copy),
+``t.__dlpack__()``. Memory of the interpreter's ``CUDADevice`` is host
+memory and is exported as kDLCPU.
 """
 import importlib
 import operator
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Optional
 
 import numpy as np
 
+from . import activations as A
+from . import backend, ops
 from . import dtypes as _dt
+from .devices import AMDGPUDevice, CUDADevice, as_device
 from .errors import DTypeError, InteropError, TrifluxError
+from .functor import is_layer, path_join
+from .layers import (GRU, LSTM, RNN, AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose,
+                     Dense, Dropout, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool, SkipConnection, Upsample,
+                     flatten)
+from .layers.conv import same_padding
+from .moving import move
+from .show import fname
+from .tensor import Tensor, as_tensor, numpy_to_torch, torch_to_numpy, transfer
 
 
 # --- torch, lazily ----------------------------------------------------------------------------
@@ -115,6 +134,8 @@ def _torch_name(cls):
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+#: The torch modules triflux defines (see _torch_classes).
+_OWN_TORCH_MODULES = ("TorchSkipConnection", "TorchSequence")
 _TORCH_CLASSES = {}
 
 
@@ -154,9 +175,14 @@ def _torch_classes():
 
 
 def __getattr__(name):   # `triflux.interop.TorchSkipConnection` (also makes it picklable)
-    if name in ("TorchSkipConnection", "TorchSequence"):
+    if name in _OWN_TORCH_MODULES:
         return _torch_classes()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _torch_class(name):
+    """The torch module class called ``name`` in a Conversion's ``torch``."""
+    return _torch_classes()[name] if name in _OWN_TORCH_MODULES else getattr(_torch().nn, name)
 
 
 # --- activations with arguments ---------------------------------------------------------------
@@ -189,14 +215,12 @@ def _torch_implicit_softmax_axis(x):
 
 
 def _softmax_implicit(x):
-    from . import ops
-    x = ops.as_tensor(x)
+    x = as_tensor(x)
     return ops.softmax(x, _torch_implicit_softmax_axis(x))
 
 
 def _logsoftmax_implicit(x):
-    from . import ops
-    x = ops.as_tensor(x)
+    x = as_tensor(x)
     return ops.logsoftmax(x, _torch_implicit_softmax_axis(x))
 
 
@@ -208,37 +232,540 @@ _logsoftmax_implicit.__name__ = "logsoftmax_torch_implicit_dim"
 
 def _array(p):
     """A NumPy copy of torch tensor ``p`` (bfloat16 as ml_dtypes.bfloat16)."""
-    from .tensor import _torch_to_numpy
-    if p.dtype not in _torch_float_dtypes():
-        raise DTypeError(f"parameter of torch dtype {p.dtype} is not supported; use a floating dtype")
-    return _torch_to_numpy(p.detach())
-
-
-def _torch_float_dtypes():
     torch = _torch()
-    return (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    if p.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise DTypeError(f"parameter of torch dtype {p.dtype} is not supported; use a floating dtype")
+    return torch_to_numpy(p.detach())
 
 
-def _ttensor(t, tdev):
-    """A torch copy of triflux Tensor ``t`` on torch device ``tdev``."""
-    from .tensor import _numpy_to_torch
-    return _numpy_to_torch(t.numpy(), tdev)
+def _tensor(p):
+    """A triflux Tensor (CPU) copy of torch tensor ``p``."""
+    return Tensor._from_numpy(_array(p))
 
 
-# --- from_torch -------------------------------------------------------------------------------
-
-SUPPORTED_TORCH = ("Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d",
-                   "BatchNorm3d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Upsample",
-                   "UpsamplingNearest2d", "UpsamplingBilinear2d", "Dropout", "Flatten", "Identity", "ReLU", "Sigmoid", "Tanh",
-                   "GELU", "SiLU", "Softplus", "ELU", "LeakyReLU", "Softmax", "LogSoftmax",
-                   "RNN", "LSTM", "GRU", "triflux.interop.TorchSkipConnection",
-                   "triflux.interop.TorchSequence")
+def _tdev(t):
+    """The torch device holding triflux Tensor ``t``'s memory."""
+    return _torch().device("cpu") if t.device.is_cpu else t.device.torch_device
 
 
-def _refuse(path, m, what, fix=""):
+def _tdtype(t):
+    """Triflux Tensor ``t``'s dtype in torch."""
+    if _dt.is_bfloat16(t.dtype):
+        return _torch().bfloat16
+    return _dt.to_torch(t.dtype)
+
+
+def _set_params(mod, **tensors):
+    """``mod`` with its parameters and buffers ``tensors`` (triflux Tensors, None skipped) copied in."""
+    with _torch().no_grad():
+        for name, t in tensors.items():
+            if t is not None:
+                target = getattr(mod, name)
+                target.copy_(numpy_to_torch(t.numpy(), target.device))
+    return mod
+
+
+# --- the conversion table ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Conversion:
+    """One supported pair: the torch modules named in ``torch`` and the triflux
+    layer classes (matched by exact type) or functions (matched by identity;
+    an ``Activation`` by its ``fn``) in ``triflux``.
+
+    ``from_torch(module, path, options)`` builds the triflux layer (``options``
+    is a ``FromOptions``); ``to_torch(x, path)`` builds the torch module. Either
+    may be None for a one-way entry. ``path`` names the place in the model for
+    errors. ``shown`` lists the triflux side in to_torch's error where its names
+    do not say enough."""
+    torch: tuple
+    triflux: tuple
+    from_torch: Optional[Callable]
+    to_torch: Optional[Callable]
+    shown: str = ""
+
+
+@dataclass(frozen=True)
+class FromOptions:
+    """from_torch's options, passed down the module tree."""
+    approximate_gelu: bool = False
+    train_active: Optional[bool] = None   # the mode of BatchNorm/Dropout in training mode: automatic or pinned
+
+
+def _refuse_from(path, m, what, fix=""):
     raise InteropError(f"{path} ({_torch_name(type(m))}): {what} is not supported by triflux"
                        + (f"; {fix}" if fix else ""))
 
+
+def _refuse_to(path, what, fix=""):
+    raise InteropError(f"{path} ({what}) cannot be translated to torch" + (f"; {fix}" if fix else ""))
+
+
+def _mode(m, options):
+    """``active`` of the triflux layer for torch module ``m``: pinned to test
+    behaviour in eval mode, ``options.train_active`` in training mode."""
+    return options.train_active if m.training else False
+
+
+def _with_activation(mod, layer, path):
+    """``mod``, followed by ``layer``'s activation when it has one."""
+    act = getattr(layer, "activation", None)
+    if act is None or act is A.identity:
+        return mod
+    return _torch().nn.Sequential(mod, _to(act, f"{path}.activation"))
+
+
+def _arguments(x, path, *names):
+    """The keyword arguments of activation ``x``: none for the bare function,
+    an ``Activation``'s own when they are among ``names`` (refused otherwise)."""
+    if not isinstance(x, Activation):
+        return {}
+    if names and set(x.kwargs) <= set(names):
+        return x.kwargs
+    _refuse_to(path, f"activation {x.__name__}")
+
+
+# Sequential <-> Chain
+
+def _chain_from_torch(m, path, options):
+    names = [n for n, _ in m.named_children()]
+    layers = [_from(c, f"{path}.{n}", options) for n, c in m.named_children()]
+    if names == [str(i) for i in range(len(names))]:
+        return Chain(*layers)
+    return Chain(**dict(zip(names, layers)))
+
+
+def _chain_to_torch(x, path):
+    nn = _torch().nn
+    if isinstance(x.layers, dict):
+        return nn.Sequential(OrderedDict((k, _to(v, path_join(path + ".layers", k))) for k, v in x.layers.items()))
+    return nn.Sequential(*[_to(v, f"{path}.layers[{i}]") for i, v in enumerate(x.layers)])
+
+
+# Linear <-> Dense
+
+def _dense_from_torch(m, path, options):
+    w = _array(m.weight)
+    layer = Dense(m.in_features, m.out_features, init=lambda *s: w, dtype=w.dtype, bias=m.bias is not None)
+    if m.bias is not None:
+        layer.bias = _tensor(m.bias)
+    return layer
+
+
+def _dense_to_torch(x, path):
+    w = x.weight
+    mod = _torch().nn.Linear(w.shape[1], w.shape[0], bias=x.bias is not None, dtype=_tdtype(w), device=_tdev(w))
+    return _with_activation(_set_params(mod, weight=w, bias=x.bias), x, path)
+
+
+# Conv2d <-> Conv, ConvTranspose2d <-> ConvTranspose
+
+def _conv_from_torch(m, path, options):
+    if m.padding_mode != "zeros":
+        _refuse_from(path, m, f"padding_mode={m.padding_mode!r}", "only 'zeros' padding exists in triflux's Conv")
+    pad = {"same": "same", "valid": 0}.get(m.padding, m.padding) if isinstance(m.padding, str) else m.padding
+    w = _array(m.weight)
+    layer = Conv(m.kernel_size, m.in_channels, m.out_channels, stride=m.stride, pad=pad,
+                 dilation=m.dilation, groups=m.groups, bias=m.bias is not None, init=lambda *s: w,
+                 dtype=w.dtype)
+    if m.bias is not None:
+        layer.bias = _tensor(m.bias)
+    return layer
+
+
+def _conv_to_torch(x, path):
+    w = x.weight
+    t, b, l, r = x.pad
+    kernel = tuple(w.shape[2:])
+    if t == b and l == r:
+        padding = (t, l)
+    elif x.stride == (1, 1) and x.pad == same_padding(kernel, x.dilation):
+        padding = "same"
+    else:
+        _refuse_to(path, f"Conv with asymmetric pad={x.pad}", "torch's Conv2d pads symmetrically (or 'same')")
+    mod = _torch().nn.Conv2d(w.shape[1] * x.groups, w.shape[0], kernel, stride=x.stride, padding=padding,
+                             dilation=x.dilation, groups=x.groups, bias=x.bias is not None, dtype=_tdtype(w),
+                             device=_tdev(w))
+    return _with_activation(_set_params(mod, weight=w, bias=x.bias), x, path)
+
+
+def _conv_transpose_from_torch(m, path, options):
+    if m.padding_mode != "zeros":
+        _refuse_from(path, m, f"padding_mode={m.padding_mode!r}", "ConvTranspose2d only has 'zeros'")
+    w = _array(m.weight)
+    layer = ConvTranspose(m.kernel_size, m.in_channels, m.out_channels, stride=m.stride, pad=m.padding,
+                          outpad=m.output_padding, dilation=m.dilation, groups=m.groups,
+                          bias=m.bias is not None, init=lambda *s: w, dtype=w.dtype)
+    if m.bias is not None:
+        layer.bias = _tensor(m.bias)
+    return layer
+
+
+def _conv_transpose_to_torch(x, path):
+    w = x.weight
+    t, b, l, r = x.pad
+    if t != b or l != r:
+        _refuse_to(path, f"ConvTranspose with asymmetric pad={x.pad}", "torch's ConvTranspose2d pads symmetrically")
+    mod = _torch().nn.ConvTranspose2d(w.shape[0], w.shape[1] * x.groups, tuple(w.shape[2:]), stride=x.stride,
+                                      padding=(t, l), output_padding=x.outpad, groups=x.groups,
+                                      bias=x.bias is not None, dilation=x.dilation, dtype=_tdtype(w),
+                                      device=_tdev(w))
+    return _with_activation(_set_params(mod, weight=w, bias=x.bias), x, path)
+
+
+# BatchNorm1d/2d/3d <-> BatchNorm
+
+def _batchnorm_from_torch(m, path, options):
+    if not m.affine:
+        _refuse_from(path, m, "affine=False", "use affine=True (triflux's BatchNorm always has γ and β)")
+    if not m.track_running_stats:
+        _refuse_from(path, m, "track_running_stats=False",
+                     "use track_running_stats=True (triflux's BatchNorm keeps running statistics)")
+    if m.momentum is None:
+        _refuse_from(path, m, "momentum=None (a cumulative average)", "give a number, e.g. momentum=0.1")
+    w = _array(m.weight)
+    layer = BatchNorm(m.num_features, eps=m.eps, momentum=m.momentum, dtype=w.dtype)
+    layer.weight, layer.bias = Tensor._from_numpy(w), _tensor(m.bias)
+    layer.running_mean, layer.running_var = _tensor(m.running_mean), _tensor(m.running_var)
+    layer.active = _mode(m, options)
+    # kept for to_torch (torch only reads it when momentum is None)
+    layer._torch = {"class": type(m).__name__, "num_batches_tracked": int(m.num_batches_tracked)}
+    return layer
+
+
+def _batchnorm_to_torch(x, path):
+    w = x.weight
+    info = getattr(x, "_torch", {})
+    cls = getattr(_torch().nn, info.get("class", "BatchNorm2d"))
+    mod = cls(w.shape[0], eps=x.eps, momentum=x.momentum, dtype=_tdtype(w), device=_tdev(w))
+    _set_params(mod, weight=w, bias=x.bias, running_mean=x.running_mean, running_var=x.running_var)
+    mod.num_batches_tracked.fill_(info.get("num_batches_tracked", 0))
+    mod.train(x.active is not False)
+    return _with_activation(mod, x, path)
+
+
+# MaxPool2d <-> MaxPool, AvgPool2d <-> MeanPool
+
+def _maxpool_from_torch(m, path, options):
+    if m.return_indices:
+        _refuse_from(path, m, "return_indices=True")
+    return MaxPool(m.kernel_size, stride=m.stride if m.stride is not None else m.kernel_size,
+                   pad=m.padding, dilation=m.dilation, ceil_mode=m.ceil_mode)
+
+
+def _meanpool_from_torch(m, path, options):
+    if m.divisor_override is not None:
+        _refuse_from(path, m, f"divisor_override={m.divisor_override}",
+                     "MeanPool divides by the window's size (count_include_pad=True) or its pixels inside the input")
+    return MeanPool(m.kernel_size, stride=m.stride if m.stride is not None else m.kernel_size,
+                    pad=m.padding, ceil_mode=m.ceil_mode, count_include_pad=m.count_include_pad)
+
+
+def _torch_pool_padding(x, path):
+    """torch's ``padding`` for pool layer ``x``: symmetric and at most half the window."""
+    t, b, l, r = x.pad
+    name = type(x).__name__
+    if t != b or l != r:
+        _refuse_to(path, f"{name} with asymmetric pad={x.pad}", "torch pools pad symmetrically")
+    if 2 * t > x.window[0] or 2 * l > x.window[1]:
+        _refuse_to(path, f"{name} with pad={x.pad} more than half the window {x.window}", "torch refuses such padding")
+    return (t, l)
+
+
+def _maxpool_to_torch(x, path):
+    return _torch().nn.MaxPool2d(x.window, stride=x.stride, padding=_torch_pool_padding(x, path),
+                                 dilation=x.dilation, ceil_mode=x.ceil_mode)
+
+
+def _meanpool_to_torch(x, path):
+    return _torch().nn.AvgPool2d(x.window, stride=x.stride, padding=_torch_pool_padding(x, path),
+                                 ceil_mode=x.ceil_mode, count_include_pad=x.count_include_pad)
+
+
+# AdaptiveAvgPool2d <-> AdaptiveMeanPool (GlobalMeanPool), AdaptiveMaxPool2d <-> AdaptiveMaxPool (GlobalMaxPool)
+
+def _adaptive_from_torch(adaptive, global_):
+    """from_torch for an adaptive pool: ``global_()`` for output size 1, else ``adaptive(output_size)``."""
+    def from_torch(m, path, options):
+        if getattr(m, "return_indices", False):
+            _refuse_from(path, m, "return_indices=True")
+        if m.output_size in (1, (1, 1)):
+            return global_()
+        return adaptive(m.output_size)
+    return from_torch
+
+
+def _adaptive_to_torch(torch_name):
+    def to_torch(x, path):
+        return getattr(_torch().nn, torch_name)(1 if isinstance(x, (GlobalMeanPool, GlobalMaxPool)) else x.out)
+    return to_torch
+
+
+# Upsample, UpsamplingNearest2d, UpsamplingBilinear2d <-> Upsample
+
+def _upsample_from_torch(m, path, options):
+    mode = m.mode
+    if mode == "nearest-exact":        # the same index rule as "nearest" for integer factors only
+        sf = m.scale_factor if isinstance(m.scale_factor, tuple) else (m.scale_factor,) * 2
+        if m.scale_factor is None or any(float(s) != int(s) for s in sf):
+            _refuse_from(path, m, "mode='nearest-exact' with a size or a non-integer scale_factor",
+                         "use mode='nearest' (torch's nearest index rule) or an integer scale_factor")
+        mode = "nearest"
+    if mode not in ("nearest", "bilinear"):
+        _refuse_from(path, m, f"mode={m.mode!r}", "use 'nearest' or 'bilinear'")
+    if m.scale_factor is not None and m.recompute_scale_factor:
+        _refuse_from(path, m, "recompute_scale_factor=True",
+                     "triflux's Upsample(scale=...) uses the given factor, as torch's default; give size=(H, W) "
+                     "for the output-size rule")
+    return Upsample(mode, size=m.size, scale=m.scale_factor,
+                    align_corners=bool(m.align_corners) if mode == "bilinear" else False)
+
+
+def _upsample_to_torch(x, path):
+    scale = None if x.scale is None else tuple(float(s) for s in x.scale)
+    if x.mode == "bilinear":
+        return _torch().nn.Upsample(size=x.size, scale_factor=scale, mode="bilinear", align_corners=x.align_corners)
+    return _torch().nn.Upsample(size=x.size, scale_factor=scale, mode="nearest")
+
+
+# Dropout <-> Dropout
+
+def _dropout_from_torch(m, path, options):
+    layer = Dropout(m.p)
+    layer.active = _mode(m, options)
+    return layer
+
+
+def _dropout_to_torch(x, path):
+    mod = _torch().nn.Dropout(x.p)
+    mod.train(x.active is not False)
+    return mod
+
+
+# Flatten <-> flatten
+
+def _flatten_from_torch(m, path, options):
+    if m.start_dim != 1 or m.end_dim != -1:
+        _refuse_from(path, m, f"start_dim={m.start_dim}, end_dim={m.end_dim}",
+                     "triflux's flatten keeps axis 0 and flattens the rest (start_dim=1, end_dim=-1)")
+    return flatten
+
+
+def _flatten_to_torch(x, path):
+    return _torch().nn.Flatten()
+
+
+# activations
+
+def _activation(torch_name, fn, from_torch=None):
+    """The Conversion of an activation without arguments: ``torch_name()``
+    <-> ``fn`` (``from_torch`` checks the torch module's options, if any)."""
+    def to_torch(x, path):
+        _arguments(x, path)
+        return getattr(_torch().nn, torch_name)()
+    return Conversion((torch_name,), (fn,), from_torch or (lambda m, path, options: fn), to_torch)
+
+
+def _gelu_from_torch(m, path, options):
+    if m.approximate == "tanh" or options.approximate_gelu:
+        return A.gelu
+    if m.approximate == "none":
+        return A.gelu_erf
+    _refuse_from(path, m, f"GELU(approximate={m.approximate!r})", "use approximate='none' or 'tanh'")
+
+
+def _gelu_to_torch(x, path):
+    _arguments(x, path)
+    return _torch().nn.GELU(approximate="tanh") if x is A.gelu else _torch().nn.GELU()
+
+
+def _softplus_from_torch(m, path, options):
+    if m.beta != 1:
+        _refuse_from(path, m, f"beta={m.beta}", "triflux's softplus has beta=1")
+    return A.softplus
+
+
+def _elu_from_torch(m, path, options):
+    return A.elu if m.alpha == 1.0 else Activation(A.elu, alpha=float(m.alpha))
+
+
+def _elu_to_torch(x, path):
+    return _torch().nn.ELU(_arguments(x, path, "alpha").get("alpha", 1.0))
+
+
+def _leakyrelu_from_torch(m, path, options):
+    return A.leakyrelu if m.negative_slope == 0.01 else Activation(A.leakyrelu, a=float(m.negative_slope))
+
+
+def _leakyrelu_to_torch(x, path):
+    return _torch().nn.LeakyReLU(_arguments(x, path, "a").get("a", 0.01))
+
+
+def _softmax(torch_name, fn, implicit):
+    """The Conversion torch_name(dim) <-> fn(dims=dim); ``dim=None`` (torch's
+    deprecated implicit axis) <-> ``implicit``, and ``fn`` itself to dim=1
+    (triflux's class axis for batched input)."""
+    def from_torch(m, path, options):
+        return implicit if m.dim is None else Activation(fn, dims=int(m.dim))
+
+    def to_torch(x, path):
+        cls = getattr(_torch().nn, torch_name)
+        if x is implicit:
+            return cls()
+        dims = _arguments(x, path, "dims").get("dims")
+        return cls(dim=1 if dims is None else dims)
+    return Conversion((torch_name,), (fn, implicit), from_torch, to_torch)
+
+
+# RNN, LSTM, GRU <-> RNN, LSTM, GRU (as TorchSequence)
+
+_RECURRENT = {"RNN": RNN, "LSTM": LSTM, "GRU": GRU}   # torch.nn's name: triflux's layer
+_RNN_NONLINEARITIES = {"tanh": A.tanh, "relu": A.relu}
+
+
+def _recurrent_from_torch(m, path, options):
+    """torch.nn.RNN/LSTM/GRU as triflux's layer of the same name (a Chain of
+    them, with Dropout between, for ``num_layers > 1``). triflux's layers are
+    batch-first and return the output sequence only, whatever ``batch_first``
+    says: feed them (N, L, in)."""
+    cls = _RECURRENT[type(m).__name__]
+    if m.bidirectional:
+        _refuse_from(path, m, "bidirectional=True", "triflux's recurrent layers run forward in time; run a "
+                     "second layer on the time-reversed sequence and concat the outputs")
+    if getattr(m, "proj_size", 0):
+        _refuse_from(path, m, f"proj_size={m.proj_size}")
+    if not m.bias:
+        _refuse_from(path, m, "bias=False", "triflux's recurrent layers have bias_ih and bias_hh")
+    layers = []
+    for k in range(m.num_layers):
+        ins = m.input_size if k == 0 else m.hidden_size
+        w = _array(getattr(m, f"weight_ih_l{k}"))
+        activation = (_RNN_NONLINEARITIES[m.nonlinearity],) if cls is RNN else ()
+        layer = cls(ins, m.hidden_size, *activation, dtype=w.dtype)
+        for field in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            setattr(layer, field, _tensor(getattr(m, f"{field}_l{k}")))
+        if k and m.dropout:
+            drop = Dropout(m.dropout)
+            drop.active = _mode(m, options)
+            layers.append(drop)
+        layers.append(layer)
+    return layers[0] if len(layers) == 1 else Chain(*layers)
+
+
+def _recurrent_to_torch(x, path):
+    nn = _torch().nn
+    name = type(x).__name__
+    if x.return_state:
+        _refuse_to(path, f"{name} with return_state=True", "a layer returning its state does not chain; "
+                   "use return_state=False and call the torch module directly for the state")
+    w = x.weight_ih
+    kw = dict(batch_first=True, dtype=_tdtype(w), device=_tdev(w))
+    if type(x) is RNN:
+        nonlinearity = {f: n for n, f in _RNN_NONLINEARITIES.items()}[x.activation]
+        mod = nn.RNN(x.in_features, x.out_features, nonlinearity=nonlinearity, **kw)
+    else:
+        mod = getattr(nn, name)(x.in_features, x.out_features, **kw)
+    _set_params(mod, weight_ih_l0=x.weight_ih, weight_hh_l0=x.weight_hh, bias_ih_l0=x.bias_ih,
+                bias_hh_l0=x.bias_hh)
+    return _torch_classes()["TorchSequence"](mod)
+
+
+def _sequence_from_torch(m, path, options):
+    return _recurrent_from_torch(m.rnn, f"{path}.rnn", options)
+
+
+# TorchSkipConnection <-> SkipConnection(layer, +)
+
+def _skip_from_torch(m, path, options):
+    return SkipConnection(_from(m.layer, f"{path}.layer", options), operator.add)
+
+
+def _skip_to_torch(x, path):
+    if x.connection not in (operator.add, ops.add):
+        _refuse_to(path, f"SkipConnection with connection {fname(x.connection)}",
+                   "only `+` (operator.add / triflux.ops.add) connections translate, to "
+                   "triflux.interop.TorchSkipConnection")
+    return _torch_classes()["TorchSkipConnection"](_to(x.layer, f"{path}.layer"))
+
+
+#: Every supported pair, in the order of the error messages. Adding a layer's
+#: torch conversion is one entry here.
+CONVERSIONS = (
+    Conversion(("Sequential",), (Chain,), _chain_from_torch, _chain_to_torch),
+    Conversion(("Linear",), (Dense,), _dense_from_torch, _dense_to_torch),
+    Conversion(("Conv2d",), (Conv,), _conv_from_torch, _conv_to_torch),
+    Conversion(("ConvTranspose2d",), (ConvTranspose,), _conv_transpose_from_torch, _conv_transpose_to_torch),
+    Conversion(("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"), (BatchNorm,), _batchnorm_from_torch,
+               _batchnorm_to_torch),
+    Conversion(("MaxPool2d",), (MaxPool,), _maxpool_from_torch, _maxpool_to_torch),
+    Conversion(("AvgPool2d",), (MeanPool,), _meanpool_from_torch, _meanpool_to_torch),
+    Conversion(("AdaptiveAvgPool2d",), (AdaptiveMeanPool, GlobalMeanPool),
+               _adaptive_from_torch(AdaptiveMeanPool, GlobalMeanPool), _adaptive_to_torch("AdaptiveAvgPool2d")),
+    Conversion(("AdaptiveMaxPool2d",), (AdaptiveMaxPool, GlobalMaxPool),
+               _adaptive_from_torch(AdaptiveMaxPool, GlobalMaxPool), _adaptive_to_torch("AdaptiveMaxPool2d")),
+    Conversion(("Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d"), (Upsample,), _upsample_from_torch,
+               _upsample_to_torch),
+    Conversion(("Dropout",), (Dropout,), _dropout_from_torch, _dropout_to_torch),
+    Conversion(("Flatten",), (flatten,), _flatten_from_torch, _flatten_to_torch),
+    _activation("Identity", A.identity),
+    _activation("ReLU", A.relu),
+    _activation("Sigmoid", A.sigmoid),
+    _activation("Tanh", A.tanh),
+    Conversion(("GELU",), (A.gelu, A.gelu_erf), _gelu_from_torch, _gelu_to_torch),
+    _activation("SiLU", A.swish),
+    _activation("Softplus", A.softplus, _softplus_from_torch),
+    Conversion(("ELU",), (A.elu,), _elu_from_torch, _elu_to_torch),
+    Conversion(("LeakyReLU",), (A.leakyrelu,), _leakyrelu_from_torch, _leakyrelu_to_torch),
+    _softmax("Softmax", A.softmax, _softmax_implicit),
+    _softmax("LogSoftmax", A.logsoftmax, _logsoftmax_implicit),
+    Conversion(tuple(_RECURRENT), tuple(_RECURRENT.values()), _recurrent_from_torch, _recurrent_to_torch),
+    Conversion(("TorchSkipConnection",), (SkipConnection,), _skip_from_torch, _skip_to_torch,
+               shown="SkipConnection(layer, +)"),
+    Conversion(("TorchSequence",), (), _sequence_from_torch, None),   # to_torch: the RNN, LSTM, GRU entry
+)
+
+
+def _index(pairs):
+    """{key: Conversion} from (key, Conversion) pairs; a key in two entries is a mistake in the table."""
+    index = {}
+    for key, c in pairs:
+        if key in index:
+            raise TypeError(f"{getattr(key, '__name__', key)} is in two entries of triflux.interop.CONVERSIONS")
+        index[key] = c
+    return index
+
+
+_FROM_TORCH = _index((name, c) for c in CONVERSIONS if c.from_torch for name in c.torch)
+_TO_TORCH = _index((key, c) for c in CONVERSIONS if c.to_torch for key in c.triflux)
+
+#: The torch modules from_torch takes.
+SUPPORTED_TORCH = tuple(f"{__name__}.{name}" if name in _OWN_TORCH_MODULES else name for name in _FROM_TORCH)
+
+
+@lru_cache(maxsize=None)
+def _from_torch_classes():
+    """{torch module class: its Conversion}, built on first use (it imports torch)."""
+    return {_torch_class(name): c for name, c in _FROM_TORCH.items()}
+
+
+def _supported_triflux():
+    """What to_torch takes, as its error lists it."""
+    layers, functions, activations = [], [], []
+    for c in CONVERSIONS:
+        if c.to_torch is None:
+            continue
+        if c.shown:
+            (layers if isinstance(c.triflux[0], type) else functions).append(c.shown)
+            continue
+        for key in c.triflux:
+            if getattr(key, "__module__", None) == __name__:   # made here (torch's implicit softmax axis)
+                continue
+            (layers if isinstance(key, type) else activations if key.__module__ == A.__name__
+             else functions).append(key.__name__)
+    return f"{', '.join(layers + functions)} and the activations {', '.join(activations)}"
+
+
+# --- from_torch -------------------------------------------------------------------------------
 
 def from_torch(module, device=None, *, approximate_gelu=False, pin_modes=False):
     """The triflux model equivalent to ``torch.nn`` module ``module``, with
@@ -252,204 +779,20 @@ def from_torch(module, device=None, *, approximate_gelu=False, pin_modes=False):
     them) instead of triflux's automatic mode; eval-mode ones are pinned to
     test behaviour either way."""
     torch = _torch()
-    from .devices import move
-    from .tensor import as_device
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"from_torch expects a torch.nn.Module, got {type(module).__name__}")
     dev = as_device(device)
-    layer = _from(module, "model", approximate_gelu, True if pin_modes else None)
+    layer = _from(module, "model", FromOptions(approximate_gelu, True if pin_modes else None))
     return layer if dev.is_cpu else move(layer, dev)
 
 
-def _from(m, path, approximate_gelu, train_active=None):
-    from . import activations as A
-    from .layers import (Chain, Dense, Conv, ConvTranspose, BatchNorm, Dropout, MaxPool, MeanPool,
-                         GlobalMeanPool, Upsample, SkipConnection, flatten)
-    from .layers import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool
-    from .tensor import Tensor
-    nn = _torch().nn
-    T = type(m)
-
-    def tensor(p):
-        return Tensor._from_numpy(_array(p))
-
-    if T is nn.Sequential:
-        names = [n for n, _ in m.named_children()]
-        layers = [_from(c, f"{path}.{n}", approximate_gelu, train_active) for n, c in m.named_children()]
-        if names == [str(i) for i in range(len(names))]:
-            return Chain(*layers)
-        return Chain(**dict(zip(names, layers)))
-    if T is _torch_classes()["TorchSkipConnection"]:
-        return SkipConnection(_from(m.layer, f"{path}.layer", approximate_gelu, train_active), operator.add)
-
-    if T in (nn.RNN, nn.LSTM, nn.GRU):
-        return _recurrent_from_torch(m, path, train_active)
-    if T is _torch_classes()["TorchSequence"]:
-        return _recurrent_from_torch(m.rnn, f"{path}.rnn", train_active)
-
-    if T is nn.Linear:
-        w = _array(m.weight)
-        layer = Dense(m.in_features, m.out_features, init=lambda *s: w, dtype=w.dtype,
-                      bias=m.bias is not None)
-        if m.bias is not None:
-            layer.bias = tensor(m.bias)
-        return layer
-
-    if T is nn.Conv2d:
-        if m.padding_mode != "zeros":
-            _refuse(path, m, f"padding_mode={m.padding_mode!r}", "only 'zeros' padding exists in triflux's Conv")
-        pad = {"same": "same", "valid": 0}.get(m.padding, m.padding) if isinstance(m.padding, str) else m.padding
-        w = _array(m.weight)
-        layer = Conv(m.kernel_size, m.in_channels, m.out_channels, stride=m.stride, pad=pad,
-                     dilation=m.dilation, groups=m.groups, bias=m.bias is not None, init=lambda *s: w,
-                     dtype=w.dtype)
-        if m.bias is not None:
-            layer.bias = tensor(m.bias)
-        return layer
-
-    if T is nn.ConvTranspose2d:
-        if m.padding_mode != "zeros":
-            _refuse(path, m, f"padding_mode={m.padding_mode!r}", "ConvTranspose2d only has 'zeros'")
-        w = _array(m.weight)
-        layer = ConvTranspose(m.kernel_size, m.in_channels, m.out_channels, stride=m.stride, pad=m.padding,
-                              outpad=m.output_padding, dilation=m.dilation, groups=m.groups,
-                              bias=m.bias is not None, init=lambda *s: w, dtype=w.dtype)
-        if m.bias is not None:
-            layer.bias = tensor(m.bias)
-        return layer
-
-    if T in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
-        if not m.affine:
-            _refuse(path, m, "affine=False", "use affine=True (triflux's BatchNorm always has γ and β)")
-        if not m.track_running_stats:
-            _refuse(path, m, "track_running_stats=False",
-                    "use track_running_stats=True (triflux's BatchNorm keeps running statistics)")
-        if m.momentum is None:
-            _refuse(path, m, "momentum=None (a cumulative average)", "give a number, e.g. momentum=0.1")
-        w = _array(m.weight)
-        layer = BatchNorm(m.num_features, eps=m.eps, momentum=m.momentum, dtype=w.dtype)
-        layer.weight, layer.bias = Tensor._from_numpy(w), tensor(m.bias)
-        layer.running_mean, layer.running_var = tensor(m.running_mean), tensor(m.running_var)
-        layer.active = train_active if m.training else False
-        # kept for to_torch (torch only reads it when momentum is None)
-        layer._torch = {"class": T.__name__, "num_batches_tracked": int(m.num_batches_tracked)}
-        return layer
-
-    if T is nn.MaxPool2d:
-        if m.return_indices:
-            _refuse(path, m, "return_indices=True")
-        return MaxPool(m.kernel_size, stride=m.stride if m.stride is not None else m.kernel_size,
-                       pad=m.padding, dilation=m.dilation, ceil_mode=m.ceil_mode)
-
-    if T is nn.AvgPool2d:
-        if m.divisor_override is not None:
-            _refuse(path, m, f"divisor_override={m.divisor_override}",
-                    "MeanPool divides by the window's size (count_include_pad=True) or its pixels inside the input")
-        return MeanPool(m.kernel_size, stride=m.stride if m.stride is not None else m.kernel_size,
-                        pad=m.padding, ceil_mode=m.ceil_mode, count_include_pad=m.count_include_pad)
-
-    if T in (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d):
-        if getattr(m, "return_indices", False):
-            _refuse(path, m, "return_indices=True")
-        is_max = T is nn.AdaptiveMaxPool2d
-        if m.output_size in (1, (1, 1)):
-            return GlobalMaxPool() if is_max else GlobalMeanPool()
-        return (AdaptiveMaxPool if is_max else AdaptiveMeanPool)(m.output_size)
-
-    if T in (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d):
-        mode = m.mode
-        if mode == "nearest-exact":        # the same index rule as "nearest" for integer factors only
-            sf = m.scale_factor if isinstance(m.scale_factor, tuple) else (m.scale_factor,) * 2
-            if m.scale_factor is None or any(float(s) != int(s) for s in sf):
-                _refuse(path, m, "mode='nearest-exact' with a size or a non-integer scale_factor",
-                        "use mode='nearest' (torch's nearest index rule) or an integer scale_factor")
-            mode = "nearest"
-        if mode not in ("nearest", "bilinear"):
-            _refuse(path, m, f"mode={m.mode!r}", "use 'nearest' or 'bilinear'")
-        if m.scale_factor is not None and m.recompute_scale_factor:
-            _refuse(path, m, "recompute_scale_factor=True",
-                    "triflux's Upsample(scale=...) uses the given factor, as torch's default; give size=(H, W) "
-                    "for the output-size rule")
-        return Upsample(mode, size=m.size, scale=m.scale_factor,
-                        align_corners=bool(m.align_corners) if mode == "bilinear" else False)
-
-    if T is nn.Dropout:
-        layer = Dropout(m.p)
-        layer.active = train_active if m.training else False
-        return layer
-
-    if T is nn.Flatten:
-        if m.start_dim != 1 or m.end_dim != -1:
-            _refuse(path, m, f"start_dim={m.start_dim}, end_dim={m.end_dim}",
-                    "triflux's flatten keeps axis 0 and flattens the rest (start_dim=1, end_dim=-1)")
-        return flatten
-
-    simple = {nn.Identity: A.identity, nn.ReLU: A.relu, nn.Sigmoid: A.sigmoid, nn.Tanh: A.tanh,
-              nn.SiLU: A.swish}
-    if T in simple:
-        return simple[T]
-    if T is nn.GELU:
-        if m.approximate == "tanh" or approximate_gelu:
-            return A.gelu
-        if m.approximate == "none":
-            return A.gelu_erf
-        _refuse(path, m, f"GELU(approximate={m.approximate!r})", "use approximate='none' or 'tanh'")
-    if T is nn.LeakyReLU:
-        return A.leakyrelu if m.negative_slope == 0.01 else Activation(A.leakyrelu, a=float(m.negative_slope))
-    if T is nn.ELU:
-        return A.elu if m.alpha == 1.0 else Activation(A.elu, alpha=float(m.alpha))
-    if T is nn.Softplus:
-        if m.beta != 1:
-            _refuse(path, m, f"beta={m.beta}", "triflux's softplus has beta=1")
-        return A.softplus
-    if T in (nn.Softmax, nn.LogSoftmax):
-        fn = A.softmax if T is nn.Softmax else A.logsoftmax
-        if m.dim is None:
-            return _softmax_implicit if T is nn.Softmax else _logsoftmax_implicit
-        return Activation(fn, dims=int(m.dim))
-
-    raise InteropError(f"{path} ({_torch_name(T)}) is not supported yet; supported: "
-                       f"{', '.join(SUPPORTED_TORCH)}. Translate that part by hand (triflux layers take "
-                       "PyTorch's weight layouts) or wrap the rest around it.")
-
-
-def _recurrent_from_torch(m, path, train_active):
-    """torch.nn.RNN/LSTM/GRU as triflux's layer of the same name (a Chain of
-    them, with Dropout between, for ``num_layers > 1``). triflux's layers are
-    batch-first and return the output sequence only, whatever ``batch_first``
-    says: feed them (N, L, in)."""
-    from . import activations as A
-    from .layers import GRU, LSTM, RNN, Chain, Dropout
-    from .tensor import Tensor
-    nn = _torch().nn
-    T = type(m)
-    if m.bidirectional:
-        _refuse(path, m, "bidirectional=True", "triflux's recurrent layers run forward in time; run a second "
-                "layer on the time-reversed sequence and concat the outputs")
-    if getattr(m, "proj_size", 0):
-        _refuse(path, m, f"proj_size={m.proj_size}")
-    if not m.bias:
-        _refuse(path, m, "bias=False", "triflux's recurrent layers have bias_ih and bias_hh")
-    layers = []
-    for k in range(m.num_layers):
-        ins = m.input_size if k == 0 else m.hidden_size
-        w = _array(getattr(m, f"weight_ih_l{k}"))
-        if T is nn.RNN:
-            layer = RNN(ins, m.hidden_size, {"tanh": A.tanh, "relu": A.relu}[m.nonlinearity], dtype=w.dtype)
-        else:
-            layer = (LSTM if T is nn.LSTM else GRU)(ins, m.hidden_size, dtype=w.dtype)
-        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-            setattr(layer, name, Tensor._from_numpy(_array(getattr(m, f"{name}_l{k}"))))
-        if k and m.dropout:
-            drop = Dropout(m.dropout)
-            drop.active = train_active if m.training else False
-            layers.append(drop)
-        layers.append(layer)
-    return layers[0] if len(layers) == 1 else Chain(*layers)
-
-
-def ops_pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
+def _from(m, path, options):
+    conversion = _from_torch_classes().get(type(m))
+    if conversion is None:
+        raise InteropError(f"{path} ({_torch_name(type(m))}) is not supported yet; supported: "
+                           f"{', '.join(SUPPORTED_TORCH)}. Translate that part by hand (triflux layers take "
+                           "PyTorch's weight layouts) or wrap the rest around it.")
+    return conversion.from_torch(m, path, options)
 
 
 # --- to_torch ---------------------------------------------------------------------------------
@@ -461,7 +804,6 @@ def to_torch(model):
     ``InteropError`` naming their path (``model.layers[2]``)."""
     _torch()
     mod = _to(model, "model")
-    from .functor import is_layer
     modes = []
 
     def walk(x):
@@ -482,191 +824,26 @@ def to_torch(model):
     return mod
 
 
-def _tdev(t):
-    return _torch().device("cpu") if t.device.is_cpu else t.device.torch_device
-
-
-def _tdtype(t):
-    if _dt.is_bfloat16(t.dtype):
-        return _torch().bfloat16
-    return _dt.to_torch(t.dtype)
-
-
-def _with_activation(mod, layer, path):
-    act = getattr(layer, "activation", None)
-    from .activations import identity
-    if act is None or act is identity:
-        return mod
-    return _torch().nn.Sequential(mod, _to(act, f"{path}.activation"))
-
-
-def _set_params(mod, **tensors):
-    torch = _torch()
-    with torch.no_grad():
-        for name, t in tensors.items():
-            if t is not None:
-                getattr(mod, name).copy_(_ttensor(t, getattr(mod, name).device))
-    return mod
+def _to_torch_conversion(x):
+    """The Conversion for triflux layer or function ``x``, or None."""
+    if is_layer(x):
+        return _TO_TORCH.get(type(x))
+    if isinstance(x, type):
+        return None
+    try:
+        return _TO_TORCH.get(x.fn if isinstance(x, Activation) else x)
+    except TypeError:   # unhashable callables
+        return None
 
 
 def _to(x, path):
-    from . import activations as A
-    from . import ops
-    from .functor import is_layer, path_join
-    from .layers import (Chain, Dense, Conv, ConvTranspose, BatchNorm, Dropout, MaxPool, MeanPool,
-                         GlobalMeanPool, Upsample, SkipConnection, flatten, RNN, LSTM, GRU)
-    from .layers import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool
-    from .layers.conv import _same_padding
-    nn = _torch().nn
-    T = type(x)
-
-    def refuse(what, fix=""):
-        raise InteropError(f"{path} ({what}) cannot be translated to torch" + (f"; {fix}" if fix else ""))
-
-    if T is Chain:
-        if isinstance(x.layers, dict):
-            from collections import OrderedDict
-            return nn.Sequential(OrderedDict((k, _to(v, path_join(path + ".layers", k)))
-                                             for k, v in x.layers.items()))
-        return nn.Sequential(*[_to(v, f"{path}.layers[{i}]") for i, v in enumerate(x.layers)])
-
-    if T is Dense:
-        w = x.weight
-        mod = nn.Linear(w.shape[1], w.shape[0], bias=x.bias is not None, dtype=_tdtype(w), device=_tdev(w))
-        return _with_activation(_set_params(mod, weight=w, bias=x.bias), x, path)
-
-    if T is Conv:
-        w = x.weight
-        t, b, l, r = x.pad
-        kernel = tuple(w.shape[2:])
-        if t == b and l == r:
-            padding = (t, l)
-        elif x.stride == (1, 1) and x.pad == _same_padding(kernel, x.dilation):
-            padding = "same"
-        else:
-            refuse(f"Conv with asymmetric pad={x.pad}", "torch's Conv2d pads symmetrically (or 'same')")
-        mod = nn.Conv2d(w.shape[1] * x.groups, w.shape[0], kernel, stride=x.stride, padding=padding,
-                        dilation=x.dilation, groups=x.groups, bias=x.bias is not None, dtype=_tdtype(w),
-                        device=_tdev(w))
-        return _with_activation(_set_params(mod, weight=w, bias=x.bias), x, path)
-
-    if T is ConvTranspose:
-        w = x.weight
-        t, b, l, r = x.pad
-        if t != b or l != r:
-            refuse(f"ConvTranspose with asymmetric pad={x.pad}", "torch's ConvTranspose2d pads symmetrically")
-        mod = nn.ConvTranspose2d(w.shape[0], w.shape[1] * x.groups, tuple(w.shape[2:]), stride=x.stride,
-                                 padding=(t, l), output_padding=x.outpad, groups=x.groups,
-                                 bias=x.bias is not None, dilation=x.dilation, dtype=_tdtype(w),
-                                 device=_tdev(w))
-        return _with_activation(_set_params(mod, weight=w, bias=x.bias), x, path)
-
-    if T is BatchNorm:
-        w = x.weight
-        info = getattr(x, "_torch", {})
-        cls = getattr(nn, info.get("class", "BatchNorm2d"))
-        mod = cls(w.shape[0], eps=x.eps, momentum=x.momentum, dtype=_tdtype(w), device=_tdev(w))
-        _set_params(mod, weight=w, bias=x.bias, running_mean=x.running_mean, running_var=x.running_var)
-        mod.num_batches_tracked.fill_(info.get("num_batches_tracked", 0))
-        mod.train(x.active is not False)
-        return _with_activation(mod, x, path)
-
-    if T is Dropout:
-        mod = nn.Dropout(x.p)
-        mod.train(x.active is not False)
-        return mod
-
-    if T in (RNN, LSTM, GRU):
-        if x.return_state:
-            refuse(f"{T.__name__} with return_state=True", "a layer returning its state does not chain; "
-                   "use return_state=False and call the torch module directly for the state")
-        w = x.weight_ih
-        kw = dict(batch_first=True, dtype=_tdtype(w), device=_tdev(w))
-        if T is RNN:
-            nonlinearity = {A.tanh: "tanh", A.relu: "relu"}[x.activation]
-            mod = nn.RNN(x.in_features, x.out_features, nonlinearity=nonlinearity, **kw)
-        else:
-            mod = getattr(nn, T.__name__)(x.in_features, x.out_features, **kw)
-        _set_params(mod, weight_ih_l0=x.weight_ih, weight_hh_l0=x.weight_hh, bias_ih_l0=x.bias_ih,
-                    bias_hh_l0=x.bias_hh)
-        return _torch_classes()["TorchSequence"](mod)
-
-    if T in (MaxPool, MeanPool):
-        t, b, l, r = x.pad
-        name = "MaxPool" if T is MaxPool else "MeanPool"
-        if t != b or l != r:
-            refuse(f"{name} with asymmetric pad={x.pad}", "torch pools pad symmetrically")
-        if 2 * t > x.window[0] or 2 * l > x.window[1]:
-            refuse(f"{name} with pad={x.pad} more than half the window {x.window}", "torch refuses such padding")
-        if T is MaxPool:
-            return nn.MaxPool2d(x.window, stride=x.stride, padding=(t, l), dilation=x.dilation,
-                                ceil_mode=x.ceil_mode)
-        return nn.AvgPool2d(x.window, stride=x.stride, padding=(t, l), ceil_mode=x.ceil_mode,
-                            count_include_pad=x.count_include_pad)
-
-    if T is GlobalMeanPool:
-        return nn.AdaptiveAvgPool2d(1)
-    if T is GlobalMaxPool:
-        return nn.AdaptiveMaxPool2d(1)
-    if T is AdaptiveMeanPool:
-        return nn.AdaptiveAvgPool2d(x.out)
-    if T is AdaptiveMaxPool:
-        return nn.AdaptiveMaxPool2d(x.out)
-
-    if T is Upsample:
-        scale = None if x.scale is None else tuple(float(s) for s in x.scale)
-        if x.mode == "bilinear":
-            return nn.Upsample(size=x.size, scale_factor=scale, mode="bilinear", align_corners=x.align_corners)
-        return nn.Upsample(size=x.size, scale_factor=scale, mode="nearest")
-
-    if T is SkipConnection:
-        if x.connection not in (operator.add, ops.add):
-            from .show import fname
-            refuse(f"SkipConnection with connection {fname(x.connection)}",
-                   "only `+` (operator.add / triflux.ops.add) connections translate, to "
-                   "triflux.interop.TorchSkipConnection")
-        return _torch_classes()["TorchSkipConnection"](_to(x.layer, f"{path}.layer"))
-
-    # functions
-    if x is flatten:
-        return nn.Flatten()
-    simple = {A.identity: nn.Identity, A.relu: nn.ReLU, A.sigmoid: nn.Sigmoid, A.tanh: nn.Tanh,
-              A.swish: nn.SiLU, A.softplus: nn.Softplus, A.elu: nn.ELU, A.leakyrelu: nn.LeakyReLU}
-    if callable(x) and not is_layer(x):
-        try:
-            if x in simple:
-                return simple[x]()
-        except TypeError:   # unhashable callables
-            pass
-    if x is A.gelu:
-        return nn.GELU(approximate="tanh")
-    if x is A.gelu_erf:
-        return nn.GELU()
-    if x is A.softmax:
-        return nn.Softmax(dim=1)
-    if x is A.logsoftmax:
-        return nn.LogSoftmax(dim=1)
-    if x is _softmax_implicit:
-        return nn.Softmax()
-    if x is _logsoftmax_implicit:
-        return nn.LogSoftmax()
+    conversion = _to_torch_conversion(x)
+    if conversion is not None:
+        return conversion.to_torch(x, path)
     if isinstance(x, Activation):
-        kw = x.kwargs
-        if x.fn is A.leakyrelu and set(kw) <= {"a"}:
-            return nn.LeakyReLU(kw.get("a", 0.01))
-        if x.fn is A.elu and set(kw) <= {"alpha"}:
-            return nn.ELU(kw.get("alpha", 1.0))
-        if x.fn in (A.softmax, A.logsoftmax) and set(kw) <= {"dims"}:
-            dims = kw.get("dims")
-            cls = nn.Softmax if x.fn is A.softmax else nn.LogSoftmax
-            return cls(dim=1 if dims is None else dims)
-        refuse(f"activation {x.__name__}")
-
-    from .show import fname
+        _refuse_to(path, f"activation {x.__name__}")
     what = f"{type(x).__module__}.{type(x).__qualname__}" if is_layer(x) else f"function {fname(x)}"
-    refuse(what, "supported: Chain, Dense, Conv, ConvTranspose, BatchNorm, Dropout, MaxPool, MeanPool, "
-                 "AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPool, Upsample, RNN, LSTM, GRU, SkipConnection(layer, +), flatten and the activations identity, "
-                 "relu, sigmoid, tanh, gelu, gelu_erf, swish, softplus, elu, leakyrelu, softmax, logsoftmax")
+    _refuse_to(path, what, f"supported: {_supported_triflux()}")
 
 
 # --- DLPack -----------------------------------------------------------------------------------
@@ -688,7 +865,6 @@ def _dlpack_device(obj):
 
 def _on_interpreter_device(device):
     """Whether ``device`` is a Triton-interpreter device (host memory)."""
-    from . import backend
     return device is not None and not device.is_cpu and backend.interpreter_on() and \
         device.torch_device.type == "cpu"
 
@@ -701,9 +877,6 @@ def _check_torch_dtype(t):
 def _from_torch_tensor(t, device):
     """A triflux Tensor over torch tensor ``t``'s memory (no copy where the
     device allows), on ``device`` or else the device ``t`` lives on."""
-    from .devices import CUDADevice, AMDGPUDevice
-    from .tensor import Tensor, transfer
-    from . import backend
     t = t.detach()
     _check_torch_dtype(t)
     if t.device.type == "cpu":
@@ -736,7 +909,6 @@ def from_dlpack(obj, device=None):
     ``__dlpack__``, or a DLPack capsule), without a copy where possible. See
     this module's docstring for which device it lands on; ``device`` asks for
     one (copying unless it holds the producer's memory)."""
-    from .tensor import Tensor, as_device, transfer
     dev = None if device is None else as_device(device)
     if isinstance(obj, Tensor):
         return obj if dev is None else transfer(obj, dev)
@@ -770,49 +942,12 @@ def from_dlpack(obj, device=None):
     return out if dev is None else transfer(out, dev)
 
 
-def _producer(t):
-    """The array whose ``__dlpack__`` exports triflux Tensor ``t``'s memory."""
-    data = t._data
-    if isinstance(data, np.ndarray) and _dt.is_bfloat16(data.dtype):
-        try:
-            torch = _torch()
-        except InteropError:
-            raise DTypeError("NumPy's DLPack cannot export bfloat16; installing torch lets triflux export "
-                             "bfloat16 CPU tensors without a copy") from None
-        return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
-    return data
-
-
-def tensor_dlpack(t, stream=None, **kwargs):
-    """``Tensor.__dlpack__``: a DLPack capsule over ``t``'s memory (no copy).
-    ``stream`` and the newer keywords (``max_version``, ``dl_device``,
-    ``copy``) are passed to the storage's own ``__dlpack__``."""
-    p = _producer(t)
-    if stream is not None:
-        kwargs["stream"] = stream
-    try:
-        return p.__dlpack__(**kwargs)
-    except TypeError:
-        if "max_version" in kwargs:   # an older producer: the legacy protocol
-            kwargs.pop("max_version")
-            return p.__dlpack__(**kwargs)
-        raise
-
-
-def tensor_dlpack_device(t):
-    """``Tensor.__dlpack_device__``: ``(device_type, device_id)``; the Triton
-    interpreter's CUDADevice holds host memory and reports kDLCPU."""
-    kind, idx = _producer(t).__dlpack_device__()
-    return (int(kind), int(idx))
-
-
 def to_dlpack(t):
     """A DLPack capsule over triflux Tensor ``t``'s memory (no copy), the
     legacy exchange (``torch.from_dlpack(capsule)``, CuPy's and older JAX's
     ``from_dlpack``). Consumers that want an object with ``__dlpack__``
     (``np.from_dlpack``, newer JAX) take the Tensor itself, whose protocol
-    methods are :func:`tensor_dlpack` and :func:`tensor_dlpack_device`."""
-    from .tensor import Tensor
+    methods are ``Tensor.__dlpack__`` and ``Tensor.__dlpack_device__``."""
     if not isinstance(t, Tensor):
         raise TypeError(f"to_dlpack expects a triflux Tensor, got {type(t).__name__}")
-    return tensor_dlpack(t)
+    return t.__dlpack__()
