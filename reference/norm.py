@@ -6,10 +6,12 @@ channel ``c``, over the batch axis and every spatial position: M = N * prod(spat
 values per channel. ``gamma``, ``beta`` (and for ``batchnorm_test`` the given
 ``mean``, ``var``) have shape (C,).
 
-The running-statistics update (momentum, unbiased variance) is the layer's
-job; these functions only normalise. float16/bfloat16 compute in float32 and
-round once at the end (a sum over N*H*W half-precision values would
-overflow or lose the small terms); float32 and float64 stay as they are.
+``batchnorm_running_update`` moves a layer's running statistics toward the
+batch's, in place; ``batchnorm_train`` given the running statistics does the
+same after normalising (the layer's training step in one call). float16/bfloat16
+compute in float32 and round once at the end (a sum over N*H*W half-precision
+values would overflow or lose the small terms); float32 and float64 stay as
+they are.
 """
 import numpy as np
 
@@ -37,27 +39,77 @@ def _batch_stats(x, spec):
     return mean, var
 
 
-def batchnorm_train_forward(x, gamma, beta, eps=1e-5):
+def _running_stats(x, spec):
+    """The batch statistics a running average takes, per channel (C,): the
+    mean of :func:`_batch_stats` (a channel whose plain mean is +-inf keeps
+    it: torch's) and the unbiased variance sum (x - mu)^2 / (M - 1), with
+    M - 1 taken as 1 when M = 1."""
+    axes, m = spec.reduced_axes, spec.values_per_channel
+    mean, _ = _batch_stats(x, spec)
+    unbiased = np.sum((x - mean) ** 2, axis=axes) / x.dtype.type(max(m - 1, 1))
+    plain = np.mean(x, axis=axes, keepdims=True)
+    return np.where(np.isinf(plain), plain, mean).reshape(-1), unbiased
+
+
+def batchnorm_running_update_forward(x, running_mean, running_var, momentum=0.1):
+    """Move the running statistics (C,) toward the batch's, in place (returns None):
+
+        running_mean <- (1 - momentum) * running_mean + momentum * mu
+        running_var  <- (1 - momentum) * running_var  + momentum * s2 * M / (M - 1)
+
+    mu_c, s2_c the batch mean and biased variance of channel c (as in
+    batchnorm_train), M = N * prod(spatial) its values: s2 M / (M - 1) is the
+    unbiased variance, as torch and Flux take it. M = 1 uses s2 itself
+    (torch's batch_norm would store 0/0 = NaN, and torch.nn.BatchNorm refuses
+    such a batch); M = 0 moves nothing (torch's). A channel holding NaN moves
+    to NaN; one holding +inf (or -inf) to mean +inf (-inf) and variance NaN,
+    as torch's. Both new vectors are computed before either is stored.
+    """
+    spec = _spec(x, (running_mean, running_var), 0.0)
+    if spec.channels == 0 or spec.values_per_channel == 0:
+        return None
+    xc, old_mean, old_var = in_compute_dtype(x, running_mean, running_var)
+    mean, unbiased = _running_stats(xc, spec)
+    take = xc.dtype.type(momentum)
+    keep = 1 - take
+    new_mean = keep * old_mean + take * mean
+    new_var = keep * old_var + take * unbiased
+    running_mean[...] = new_mean.astype(running_mean.dtype)
+    running_var[...] = new_var.astype(running_var.dtype)
+    return None
+
+
+def batchnorm_train_forward(x, gamma, beta, running_mean=None, running_var=None, eps=1e-5, momentum=0.1):
     """y = gamma * xhat + beta,   xhat = (x - mu) / sqrt(s2 + eps),
 
     mu_c = mean of x[:, c, ...],  s2_c = mean of (x[:, c, ...] - mu_c)^2 (biased).
+
+    Given ``running_mean`` and ``running_var`` (C,), they then move in place
+    as :func:`batchnorm_running_update_forward` moves them, once y is computed.
     """
-    spec = _spec(x, (gamma, beta), eps)
-    x, gamma, beta = in_compute_dtype(x, gamma, beta)
-    mean, var = _batch_stats(x, spec)
-    xhat = (x - mean) / np.sqrt(var + x.dtype.type(eps))
-    return (gamma.reshape(spec.channel_shape) * xhat + beta.reshape(spec.channel_shape)).astype(spec.dtype)
+    running = () if running_mean is None else (running_mean, running_var)
+    spec = _spec(x, (gamma, beta) + running, eps)
+    xc, gamma, beta = in_compute_dtype(x, gamma, beta)
+    mean, var = _batch_stats(xc, spec)
+    xhat = (xc - mean) / np.sqrt(var + xc.dtype.type(eps))
+    y = (gamma.reshape(spec.channel_shape) * xhat + beta.reshape(spec.channel_shape)).astype(spec.dtype)
+    if running:
+        batchnorm_running_update_forward(x, *running, momentum=momentum)
+    return y
 
 
-def batchnorm_train_backward(grad, out, x, gamma, beta, eps=1e-5):
+def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, running_var=None, eps=1e-5,
+                             momentum=0.1):
     """With M values per channel, istd = 1 / sqrt(s2 + eps) and g = dL/dy:
 
     dbeta_c  = sum g,            dgamma_c = sum g * xhat   (sums over N and space)
     dx       = gamma * istd / M * (M g - dbeta - xhat * dgamma)
 
     (dx includes the paths through mu and s2.) ``out`` is not used: xhat is
-    recomputed from x.
+    recomputed from x. The running statistics, when given, get no gradient
+    (None).
     """
+    none_for_running = () if running_mean is None else (None, None)
     spec = _spec(x, (gamma, beta), eps)
     dtypes = x.dtype, np.asarray(gamma).dtype, np.asarray(beta).dtype
     x, gamma, beta, g = in_compute_dtype(x, gamma, beta, grad)
@@ -71,7 +123,7 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, eps=1e-5):
         dx = np.zeros_like(x)
     else:
         dx = gamma.reshape(shape) * istd / m * (m * g - dbeta.reshape(shape) - xhat * dgamma.reshape(shape))
-    return dx.astype(dtypes[0]), dgamma.astype(dtypes[1]), dbeta.astype(dtypes[2])
+    return (dx.astype(dtypes[0]), dgamma.astype(dtypes[1]), dbeta.astype(dtypes[2])) + none_for_running
 
 
 def batchnorm_test_forward(x, gamma, beta, mean, var, eps=1e-5):

@@ -1,11 +1,16 @@
-"""batchnorm_train / batchnorm_test: the cases the generic property suite
-does not pin down.
+"""batchnorm_train / batchnorm_test / batchnorm_running_update: the cases
+the generic property suite does not pin down.
 
 Forward and every gradient against torch on (N, C), (N, C, L) and
 (N, C, H, W) shapes for several eps, float16 inputs, channels with one or two
 values (M = 1: y = beta exactly; M = 2: xhat = +-1 up to eps), all-equal and
 offset channels (the kernel's mean must not show its rounding), empty dims,
 strided views, shape errors, and torch doing nothing but allocate and view.
+The running statistics against torch (M = 0, M = 1, infinities), and as
+moved by batchnorm_train in the same launches. The GPU's split of a channel
+over several programs, run in the interpreter (its plan forced). The layer's
+launches per training step, and its running statistics after running out
+of memory.
 """
 import numpy as np
 import pytest
@@ -281,3 +286,292 @@ def test_torch_only_allocates_and_views():
         z = kn.batchnorm_test_forward(kx, kg_, kb, km, kv)
         kn.batchnorm_test_backward(z, z, kx, kg_, kb, km, kv)
     assert_torch_only_moves_memory(work, "the batch-norm kernels")
+
+
+# --- the running statistics ---------------------------------------------------------------------
+
+def _torch_running(x, running_mean, running_var, momentum):
+    rm, rv = torch.from_numpy(running_mean.copy()), torch.from_numpy(running_var.copy())
+    if x.size:
+        torch.batch_norm(torch.from_numpy(x), None, None, rm, rv, True, momentum, 1e-5, False)
+    return rm.numpy(), rv.numpy()
+
+
+def _kernel_running_update(x, running_mean, running_var, momentum, dtype=torch.float64):
+    kx, km, kv = _kernel((x, running_mean.copy(), running_var.copy()), dtype)   # (from_numpy shares memory)
+    assert kn.batchnorm_running_update_forward(kx, km, kv, momentum=momentum) is None
+    return _np(km), _np(kv)
+
+
+def _reference_running_update(x, running_mean, running_var, momentum):
+    m, v = running_mean.copy(), running_var.copy()
+    assert ref.batchnorm_running_update_forward(x, m, v, momentum=momentum) is None
+    return m, v
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(0, 3, 4), (2, 3, 0)])
+@pytest.mark.parametrize("momentum", [0.1, 0.75])
+def test_running_update_matches_torch(shape, momentum):
+    """running = (1 - momentum) running + momentum * (mean, unbiased variance),
+    and nothing moves for an empty batch (M = 0), as torch's."""
+    x, _, _, mean, var = _inputs(shape, 14, offset=20.0)
+    want = _torch_running(x, mean, var, momentum)
+    for got in (_reference_running_update(x, mean, var, momentum), _kernel_running_update(x, mean, var, momentum)):
+        for a, e in zip(got, want):
+            np.testing.assert_allclose(a, e, rtol=1e-12, atol=0)
+    got = _kernel_running_update(x, mean, var, momentum, torch.float32)
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_running_update_with_one_value_and_nonfinite_channels():
+    """M = 1: the variance taken is the biased one (0; torch's would be 0/0 =
+    NaN). A channel with +inf moves to mean inf and variance NaN, one with
+    NaN to NaN (torch's), the others as usual."""
+    x, _, _, mean, var = _inputs((1, 3), 15)
+    want_mean = 0.9 * mean + 0.1 * x[0]
+    for got in (_reference_running_update(x, mean, var, 0.1), _kernel_running_update(x, mean, var, 0.1)):
+        np.testing.assert_allclose(got[0], want_mean, rtol=1e-14)
+        np.testing.assert_allclose(got[1], 0.9 * var, rtol=1e-14)
+    x, _, _, mean, var = _inputs((3, 3, 4), 16)
+    x[1, 0, 2], x[0, 1, 3] = np.inf, np.nan
+    want = _torch_running(x, mean, var, 0.1)
+    assert np.isinf(want[0][0]) and np.isnan(want[1][0]) and np.isnan(want[0][1])
+    for got in (_reference_running_update(x, mean, var, 0.1), _kernel_running_update(x, mean, var, 0.1),
+                _kernel_running_update(x, mean, var, 0.1, torch.float32)):
+        for a, e in zip(got, want):
+            np.testing.assert_allclose(a, e, rtol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (6, 2)])
+def test_train_forward_with_running_statistics_is_both_calls_in_one(shape):
+    """batchnorm_train given the running statistics: the same y as without
+    them and the same running statistics as batchnorm_running_update, bit for
+    bit, on both sides; both new vectors are stored in place."""
+    x, gamma, beta, mean, var = _inputs(shape, 17, offset=3.0)
+    ry = ref.batchnorm_train_forward(x, gamma, beta, mean.copy(), var.copy(), eps=1e-3, momentum=0.3)
+    np.testing.assert_array_equal(ry, ref.batchnorm_train_forward(x, gamma, beta, eps=1e-3))
+    rm, rv = mean.copy(), var.copy()
+    ref.batchnorm_train_forward(x, gamma, beta, rm, rv, eps=1e-3, momentum=0.3)
+    for a, e in zip((rm, rv), _reference_running_update(x, mean, var, 0.3)):
+        np.testing.assert_array_equal(a, e)
+    for dtype in (torch.float32, torch.float64):
+        kx, kg_, kb, km, kv = _kernel((x, gamma, beta, mean.copy(), var.copy()), dtype)
+        ky = kn.batchnorm_train_forward(kx, kg_, kb, km, kv, eps=1e-3, momentum=0.3)
+        np.testing.assert_array_equal(_np(ky), _np(kn.batchnorm_train_forward(kx, kg_, kb, eps=1e-3)))
+        for a, e in zip((km, kv), _kernel_running_update(x, mean, var, 0.3, dtype)):
+            np.testing.assert_array_equal(_np(a), e)
+        grads = kn.batchnorm_train_backward(ky, ky, kx, kg_, kb, km, kv, eps=1e-3, momentum=0.3)
+        assert len(grads) == 5 and grads[3] is None and grads[4] is None
+
+
+# --- the GPU's split of a channel over several programs, run in the interpreter -----------------
+
+#: shapes whose channels the GPU plan splits: rows of whole tiles, a row split in
+#: tiles, (N, C) with uneven splits, and odd spatial sizes (masked tile columns)
+SPLIT_SHAPES = [(8, 2, 32, 32), (16, 3, 40, 40), (20000, 2), (500, 2, 3, 7)]
+
+
+@pytest.fixture
+def gpu_plan(monkeypatch):
+    """The GPU's tiles and split, computed by the same kernels in the interpreter."""
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    return kn._plan
+
+
+def test_gpu_plan_fills_the_gpu_for_unet_batch_norms():
+    """The BatchNorms of a UNet at batch 32, 128x128 (C = 16..64) run on more
+    than twice as many programs as a 132-SM GPU has SMs, each with many values."""
+    from triflux.specs.norm import batchnorm_spec
+    for c in (16, 32, 64):
+        spec = batchnorm_spec((32, c, 128, 128), ((c,), (c,)), np.float32, 1e-5)
+        plan = kn._plan(spec, False)
+        assert c * plan.splits > 2 * 132, (c, plan)
+        assert plan.tiles_per_program * plan.block_n * plan.block_s >= 4096
+        assert kn._plan(spec, True).splits == 1            # the interpreter: one program per channel
+
+
+@pytest.mark.parametrize("shape", SPLIT_SHAPES)
+def test_gpu_split_matches_the_reference(shape, gpu_plan):
+    x, gamma, beta, mean, var = _inputs(shape, 18, offset=40.0)
+    spec_plan = gpu_plan(kn._spec(torch.from_numpy(x), (torch.from_numpy(gamma),) * 2, 1e-5), False)
+    assert spec_plan.splits > 1, spec_plan
+    g = np.random.default_rng(19).standard_normal(shape)
+    ty, tg = _torch_train(x, gamma, beta, g, 1e-5)
+    want_running = _torch_running(x, mean, var, 0.1)
+    t_y, t_g = _torch_test(x, gamma, beta, mean, var, g, 1e-5)
+    for dtype, rtol in ((torch.float64, 1e-11), (torch.float32, 2e-5)):
+        kx, kg_, kb, km, kv, kgrad = _kernel((x, gamma, beta, mean.copy(), var.copy(), g), dtype)
+        ky = kn.batchnorm_train_forward(kx, kg_, kb, km, kv, eps=1e-5, momentum=0.1)
+        _close(_np(ky), ty, rtol)
+        for a, e in zip((km, kv), want_running):
+            _close(_np(a), e, rtol)
+        kgrads = kn.batchnorm_train_backward(kgrad, ky, kx, kg_, kb, eps=1e-5)
+        for a, e in zip(kgrads, tg):
+            _close(_np(a), e, 10 * rtol)
+        km, kv = _kernel((mean, var), dtype)
+        _close(_np(kn.batchnorm_test_forward(kx, kg_, kb, km, kv, eps=1e-5)), t_y, rtol)
+        kgrads = kn.batchnorm_test_backward(kgrad, ky, kx, kg_, kb, km, kv, eps=1e-5)
+        for a, e in zip(kgrads[:3], t_g):
+            _close(_np(a), e, 10 * rtol)
+
+
+def test_gpu_split_keeps_constant_channels_exact(gpu_plan):
+    """An all-equal channel at a large offset, split over several programs:
+    its mean's rounding does not show (y = beta exactly, dgamma = 0), and a
+    nearly constant one keeps its small variance."""
+    shape = (16, 2, 32, 32)
+    x = np.full(shape, 50.3)
+    x[:, 1] += np.random.default_rng(20).standard_normal((16, 32, 32)) * 1e-3
+    gamma, beta = np.array([1.5, -0.5]), np.array([0.25, 1.0])
+    g = np.random.default_rng(21).standard_normal(shape)
+    kx, kg_, kb, kgrad = _kernel((x, gamma, beta, g), torch.float32)
+    xr = _np(kx)
+    ty, tg = _torch_train(xr, gamma, beta, g, 1e-5)
+    ky = kn.batchnorm_train_forward(kx, kg_, kb, eps=1e-5)
+    assert np.all(_np(ky)[:, 0] == np.float32(0.25))
+    _close(_np(ky)[:, 1], ty[:, 1], 1e-4)
+    dx, dgamma, dbeta = kn.batchnorm_train_backward(kgrad, ky, kx, kg_, kb, eps=1e-5)
+    assert _np(dgamma)[0] == 0.0
+    _close(_np(dgamma)[1], tg[1][1], 1e-4)
+
+
+# --- the layer's training step --------------------------------------------------------------------
+
+def _record_launches(monkeypatch):
+    names = []
+    real = launch.launch
+
+    def recording(kernel, grid, *args, **meta):
+        names.append(kernel.__name__)
+        return real(kernel, grid, *args, **meta)
+    monkeypatch.setattr(launch, "launch", recording)
+    return names
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["interpreter", "gpu plan"])
+@pytest.mark.parametrize("shape", [(8, 3, 32, 32), (4, 3, 5, 5)])
+def test_layer_training_step_launches(gpu, shape, monkeypatch):
+    """A BatchNorm in training mode normalises and moves its running
+    statistics in one launch, or two where the channels are split over
+    several programs (partial statistics, then y and the running statistics);
+    an activation adds one. Test mode takes one launch."""
+    import triflux as tf
+    if gpu:
+        monkeypatch.setattr(launch, "INTERPRET", False)
+    names = _record_launches(monkeypatch)
+    dev = tf.CUDADevice(0)
+    x = dev(np.random.default_rng(22).standard_normal(shape).astype(np.float32))
+    split = kn._plan(kn._spec(x._data, (), 1e-5), launch.INTERPRET).splits > 1
+    assert split == (gpu and shape[0] == 8)
+    norm_launches = ["_partial_stats_kernel"] * split + ["_batchnorm_train_forward_kernel"]
+    for activation in (tf.identity, tf.relu):
+        bn = tf.trainmode(dev(tf.BatchNorm(3, activation)))
+        names.clear()
+        bn(x)
+        assert names[:len(norm_launches)] == norm_launches
+        assert len(names) == len(norm_launches) + (activation is not tf.identity), names
+        assert not np.array_equal(bn.running_mean.numpy(), np.zeros(3))
+    names.clear()
+    tf.testmode(bn)(x)
+    assert len(names) == 2 and names[0] == "_batchnorm_test_kernel", names
+
+
+def test_layer_running_statistics_agree_on_both_devices():
+    import triflux as tf
+    x = (np.random.default_rng(23).standard_normal((4, 3, 5, 5)) * 2 + 1).astype(np.float32)
+    layers = [d(tf.trainmode(tf.BatchNorm(3, momentum=0.2))) for d in (tf.cpu_device(), tf.CUDADevice(0))]
+    for _ in range(3):
+        for bn, d in zip(layers, (tf.cpu_device(), tf.CUDADevice(0))):
+            bn(d(x))
+    for name in ("running_mean", "running_var"):
+        a, b = (getattr(bn, name).numpy() for bn in layers)
+        np.testing.assert_allclose(b, a, rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["interpreter", "gpu plan"])
+def test_out_of_memory_in_the_layer_leaves_its_running_statistics(gpu, monkeypatch):
+    """Every allocation of the training-mode call (y, and the partial
+    statistics of a split) happens before the launch that moves the running
+    statistics: running out of memory at any of them leaves both vectors as
+    they were."""
+    import triflux as tf
+    from triflux.errors import OutOfMemoryError
+    if gpu:
+        monkeypatch.setattr(launch, "INTERPRET", False)
+    dev = tf.CUDADevice(0)
+    bn = tf.trainmode(dev(tf.BatchNorm(3)))
+    x = dev(np.random.default_rng(24).standard_normal((8, 3, 32, 32)).astype(np.float32))
+    bn(x)
+    before = tf.state(bn)
+    real_empty, calls = launch.empty, []
+
+    def failing_empty(shape, dtype, device):
+        calls.append(shape)
+        if len(calls) == fail_at:
+            raise OutOfMemoryError("out of memory (test)")
+        return real_empty(shape, dtype, device)
+    monkeypatch.setattr(launch, "empty", failing_empty)
+    fail_at = None
+    bn(x)
+    allocations = len(calls)
+    assert allocations == 1 + gpu            # y; with the GPU's split, the partial statistics
+    for fail_at in range(1, allocations + 1):
+        calls.clear()
+        state = tf.state(bn)
+        with pytest.raises(OutOfMemoryError):
+            bn(x)
+        after = tf.state(bn)
+        for name in ("running_mean", "running_var"):
+            assert after[name].tobytes() == state[name].tobytes(), (fail_at, name)
+    assert not np.array_equal(before["running_mean"], tf.state(bn)["running_mean"])
+
+
+@pytest.fixture
+def tiny_gpu_plan(monkeypatch):
+    """The GPU plan with tiles of 4 values and splits of 8, so that the
+    strategies' small channels are split over several programs."""
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(kn, "_GPU_TILE", 4)
+    monkeypatch.setattr(kn, "_MIN_VALUES_PER_PROGRAM", 8)
+    kn._plan.cache_clear()
+    yield
+    kn._plan.cache_clear()
+
+
+def _assert_matches(got, want, what):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, what
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=what)
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)], err_msg=what)
+    _close(got[finite], want[finite], 1e-9)
+
+
+def test_gpu_split_of_drawn_cases(tiny_gpu_plan):
+    """The strategies' cases (offsets, NaN and infinities, empty and uneven
+    channels), split over several programs: float64 kernels against the
+    reference, forward, backward and the running statistics."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from triflux.testing import norm as strategies
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(train=strategies.batchnorm_train_strategy("float64"),
+           update=strategies.batchnorm_running_update_strategy("float64"), data=st.data())
+    def check(train, update, data):
+        x, gamma, beta = train.inputs
+        eps = train.attrs["eps"]
+        g = data.draw(st.builds(lambda seed: np.random.default_rng(seed).standard_normal(x.shape),
+                                st.integers(0, 2 ** 16)))
+        kx, kg_, kb, kgrad = _kernel((x, gamma, beta, g), torch.float64)
+        ky = kn.batchnorm_train_forward(kx, kg_, kb, eps=eps)
+        _assert_matches(_np(ky), ref.batchnorm_train_forward(x, gamma, beta, eps=eps), f"y {x.shape}")
+        for i, (a, e) in enumerate(zip(kn.batchnorm_train_backward(kgrad, ky, kx, kg_, kb, eps=eps),
+                                       ref.batchnorm_train_backward(g, None, x, gamma, beta, eps=eps))):
+            _assert_matches(_np(a), e, f"gradient {i} {x.shape}")
+        x, mean, var = update.inputs
+        want = _reference_running_update(x, mean, var, update.attrs["momentum"])
+        for a, e in zip(_kernel_running_update(x, mean, var, update.attrs["momentum"]), want):
+            _assert_matches(a, e, f"running statistics {x.shape}")
+    check()

@@ -45,11 +45,12 @@ def _binary(name, a, b):
         a = as_tensor(a, like=b if isinstance(b, Tensor) else None)
     if not isinstance(b, Tensor):
         b = as_tensor(b, like=a)
-    if a.dtype != b.dtype:
+    # one storage dtype object: equal dtypes (the common case, without building NumPy dtypes)
+    if a._data.dtype is not b._data.dtype and a.dtype != b.dtype:
         a, b = _promote(a, b)
-    common_device(name, (a, b))
+    device = common_device(name, (a, b))
     _broadcast_shape(name, a.shape, b.shape)
-    return apply(_P[name], (a, b), {}, name, record=name not in _COMPARISONS)
+    return apply(_P[name], (a, b), {}, name, record=name not in _COMPARISONS, device=device)
 
 
 _COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge"}
@@ -58,7 +59,7 @@ _COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge"}
 def _broadcast_shape(name, *shapes):
     """The NumPy broadcast of ``shapes`` (pure Python: this runs on every op)."""
     first = shapes[0]
-    if all(s == first for s in shapes):
+    if shapes.count(first) == len(shapes):     # all equal
         return first
     nd = builtins.max(len(s) for s in shapes)
     out = [1] * nd
@@ -438,14 +439,19 @@ def upsample(x, scale=None, mode="nearest", *, size=None, align_corners=False):
     return apply(_P[f"upsample_{mode}2d"], (x,), attrs, f"upsample_{mode}2d")
 
 
-def batchnorm(x, gamma, beta, mean=None, var=None, eps=1e-5):
+def batchnorm(x, gamma, beta, mean=None, var=None, eps=1e-5, *, running=None, momentum=0.1):
     """Batch normalisation over axis 1: with the batch's statistics when
-    ``mean``/``var`` are None, else with the given ones."""
+    ``mean``/``var`` are None, else with the given ones. With the batch's
+    statistics, ``running=(running_mean, running_var)`` also moves those in
+    place, in the same kernels: running = (1 - momentum) * running +
+    momentum * the batch's mean (unbiased variance)."""
     x = _floating(x, "batchnorm")
-    per_channel = (gamma, beta) if mean is None else (gamma, beta, mean, var)
+    running = tuple(running) if running is not None and mean is None else ()
+    per_channel = ((gamma, beta) if mean is None else (gamma, beta, mean, var)) + running
     spec = batchnorm_spec(x.shape, tuple(v.shape for v in per_channel), x.dtype, eps)
     if mean is None:
-        return apply(_P["batchnorm_train"], (x, gamma, beta), {"eps": spec.eps}, "batchnorm")
+        attrs = {"eps": spec.eps, "momentum": float(momentum)} if running else {"eps": spec.eps}
+        return apply(_P["batchnorm_train"], (x, gamma, beta) + running, attrs, "batchnorm")
     return apply(_P["batchnorm_test"], (x, gamma, beta, mean, var), {"eps": spec.eps}, "batchnorm")
 
 

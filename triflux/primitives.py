@@ -61,17 +61,17 @@ register("broadcast_to", "shape", accumulates=False, multilinear_backward=True, 
 register("contiguous", "shape", accumulates=False, multilinear_backward=True, doc="a dense row-major copy")
 
 # --- optimiser updates (in place, fused: one kernel per rule; mutates: x and the states) ---
-register("descent_update", "optimise", differentiable=False, mutates=(0,),
+register("descent_update", "optimise", differentiable=False, foreach=True, mutates=(0,),
          doc="inputs: x, g; attrs: eta")
-register("momentum_update", "optimise", differentiable=False, mutates=(0, 2),
+register("momentum_update", "optimise", differentiable=False, foreach=True, mutates=(0, 2),
          doc="inputs: x, g, v; attrs: eta, rho")
-register("nesterov_update", "optimise", differentiable=False, mutates=(0, 2),
+register("nesterov_update", "optimise", differentiable=False, foreach=True, mutates=(0, 2),
          doc="inputs: x, g, v; attrs: eta, rho")
-register("adam_update", "optimise", differentiable=False, mutates=(0, 2, 3),
+register("adam_update", "optimise", differentiable=False, foreach=True, mutates=(0, 2, 3),
          doc="inputs: x, g, m, v; attrs: eta, beta1, beta2, epsilon, step")
-register("adamw_update", "optimise", differentiable=False, mutates=(0, 2, 3),
+register("adamw_update", "optimise", differentiable=False, foreach=True, mutates=(0, 2, 3),
          doc="inputs: x, g, m, v; attrs: eta, beta1, beta2, epsilon, lambd, step")
-register("rmsprop_update", "optimise", differentiable=False, mutates=(0, 2),
+register("rmsprop_update", "optimise", differentiable=False, foreach=True, mutates=(0, 2),
          doc="inputs: x, g, s; attrs: eta, rho, epsilon")
 
 # --- convolution: NCHW inputs, PyTorch weight layouts -----------------------------------------
@@ -113,8 +113,13 @@ register("upsample_bilinear2d", "upsample", accumulates=True,
 # --- normalisation ---------------------------------------------------------------------------
 # (batch statistics and the gradients of gamma and beta are sums over N and the pixels)
 register("batchnorm_train", "norm", accumulates=True,
-         doc="inputs: x (N, C, ...), gamma (C,), beta (C,); attrs: eps. Normalises with the batch's mean "
-             "and biased variance per channel")
+         doc="inputs: x (N, C, ...), gamma (C,), beta (C,)[, running_mean (C,), running_var (C,)]; attrs: eps"
+             "[, momentum]. Normalises with the batch's mean and biased variance per channel; given the "
+             "running statistics, moves them in place as batchnorm_running_update does, in the same launches "
+             "(no gradient for them)")
+register("batchnorm_running_update", "norm", differentiable=False, accumulates=True, mutates=(1, 2),
+         doc="inputs: x (N, C, ...), running_mean (C,), running_var (C,); attrs: momentum. In place: "
+             "running = (1 - momentum) * running + momentum * the batch's mean / unbiased variance")
 register("batchnorm_test", "norm", accumulates=True,
          doc="inputs: x, gamma, beta, mean (C,), var (C,); attrs: eps. Uses the given (running) "
              "statistics; no gradient for mean and var")

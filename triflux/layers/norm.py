@@ -23,9 +23,10 @@ class BatchNorm(Layer):
     ``activation(weight * (x - μ) / sqrt(σ² + eps) + bias)``.
 
     In training, μ and σ² are the batch's (biased variance) and the running
-    statistics move: ``running = (1 - momentum) * running + momentum * batch``
-    with the unbiased batch variance, as Flux and PyTorch do. In testing the
-    running statistics are used. ``weight`` is Flux's γ, ``bias`` β,
+    statistics move in place: ``running = (1 - momentum) * running + momentum *
+    batch`` with the unbiased batch variance, as Flux and PyTorch do (the
+    ``batchnorm_running_update`` primitive's math). In testing the running
+    statistics are used. ``weight`` is Flux's γ, ``bias`` β,
     ``running_mean`` μ and ``running_var`` σ² (not trained)."""
     _nontrainable = ("running_mean", "running_var")
 
@@ -47,24 +48,12 @@ class BatchNorm(Layer):
         x = check_input(self, x, self.weight, axis=1, expected=self.weight.shape[0], what="channels")
         if not is_active(self):
             y = ops.batchnorm(x, self.weight, self.bias, self.running_mean, self.running_var, self.eps)
-            return self.activation(y)
-        y = ops.batchnorm(x, self.weight, self.bias, eps=self.eps)
-        self._update_running_stats(x)
+        else:
+            # the running statistics move in place, in the normalisation's own launches (after every
+            # allocation: a call that runs out of memory leaves them as they were)
+            y = ops.batchnorm(x, self.weight, self.bias, eps=self.eps,
+                              running=(self.running_mean, self.running_var), momentum=self.momentum)
         return self.activation(y)
-
-    def _update_running_stats(self, x):
-        # a fresh Tensor over the same storage: not watched, so not recorded
-        x = Tensor._make(x._data, x._device)
-        axes = (0,) + tuple(range(2, x.ndim))
-        n = x.size // x.shape[1]
-        mean = ops.mean(x, axis=axes)
-        var = ops.mean((x - ops.reshape(mean, (1, -1) + (1,) * (x.ndim - 2))) ** 2, axis=axes)
-        unbiased = var * (n / max(n - 1, 1))
-        m = self.momentum
-        # both computed before either is stored, so an error (out of memory) leaves both as they were
-        new_mean = self.running_mean * (1 - m) + mean * m
-        new_var = self.running_var * (1 - m) + unbiased * m
-        self.running_mean, self.running_var = new_mean, new_var
 
     def _signature(self):
         s = f"{self.weight.shape[0]}"

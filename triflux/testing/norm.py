@@ -17,6 +17,11 @@ either 0 or >= 3. With M = 1 the output is exactly beta and with M = 2 the
 normalised values are +-1 up to eps, so the backward cancels to (nearly) zero
 and a relative comparison with torch measures only roundoff; those cases
 are pinned by tests/test_norm_family.py instead.
+
+``batchnorm_running_update`` draws x as the train strategy does (M = 0 or
+>= 3; M = 1 is where triflux and torch part, pinned by the family's tests),
+running means near x's (offset included) and positive running variances,
+and momenta from 0 to 1. Its oracle returns the new running statistics.
 """
 from . import Case, floats, layouts_for
 from .elementwise import nonfinite_draw, with_nonfinite
@@ -44,28 +49,42 @@ def _x_shape(st, draw, train):
     return (n, c) + spatial
 
 
-def _case(st, draw, train):
+def _x(st, draw, train):
+    """x, its offset (0 or 50) and a note saying what was drawn."""
     shape = _x_shape(st, draw, train)
-    c = shape[1]
     x = draw(floats(shape, -3.0, 3.0, extreme=draw(st.booleans())))
-    offset = draw(st.integers(0, 3)) == 0
-    if offset:
-        x = x + 50.0
+    offset = 50.0 if draw(st.integers(0, 3)) == 0 else 0.0
+    x = x + offset
     nonfinite = nonfinite_draw(draw)
     if nonfinite:
         x = with_nonfinite(draw, x)
+    return x, offset, f"x {shape}" + (" offset 50" if offset else "") + (" NaN/inf" if nonfinite else "")
+
+
+def _statistics(draw, c, offset):
+    """A per-channel mean near x's and a positive variance, as running statistics are."""
+    return draw(floats((c,), -2.0, 2.0)) + offset, draw(floats((c,), 0.05, 3.0))
+
+
+def _case(st, draw, train):
+    x, offset, note = _x(st, draw, train)
+    c = x.shape[1]
     gamma = draw(floats((c,), -2.0, 2.0))
     beta = draw(_nonzero(st, c))
     eps = draw(st.sampled_from(EPS_CHOICES))
-    inputs = (x, gamma, beta)
-    if not train:
-        mean = draw(floats((c,), -2.0, 2.0)) + (50.0 if offset else 0.0)
-        var = draw(floats((c,), 0.05, 3.0))
-        inputs = inputs + (mean, var)
+    inputs = (x, gamma, beta) + (() if train else _statistics(draw, c, offset))
     return Case(inputs=inputs, attrs={"eps": eps}, layouts=draw(layouts_for(len(inputs))),
-                grad_inputs=(0, 1, 2),
-                note=f"x {shape} eps={eps}" + (" offset 50" if offset else "")
-                + (" NaN/inf" if nonfinite else ""))
+                grad_inputs=(0, 1, 2), note=f"{note} eps={eps}")
+
+
+MOMENTUM_CHOICES = (0.0, 0.01, 0.1, 0.5, 1.0)
+
+
+def _running_update_case(st, draw):
+    x, offset, note = _x(st, draw, True)
+    momentum = draw(st.sampled_from(MOMENTUM_CHOICES))
+    return Case(inputs=(x,) + _statistics(draw, x.shape[1], offset), attrs={"momentum": momentum},
+                layouts=draw(layouts_for(3)), note=f"{note} momentum={momentum}")
 
 
 def batchnorm_train_strategy(dtype):
@@ -76,6 +95,11 @@ def batchnorm_train_strategy(dtype):
 def batchnorm_test_strategy(dtype):
     from hypothesis import strategies as st
     return st.composite(lambda draw: _case(st, draw, False))()
+
+
+def batchnorm_running_update_strategy(dtype):
+    from hypothesis import strategies as st
+    return st.composite(lambda draw: _running_update_case(st, draw))()
 
 
 def _empty(x, gamma, beta):
@@ -99,3 +123,14 @@ def batchnorm_test_torch(x, gamma, beta, mean, var, eps=1e-5):
     if x.numel() == 0:
         return _empty(x, gamma, beta)
     return torch.nn.functional.batch_norm(x, mean, var, gamma, beta, training=False, eps=eps)
+
+
+def batchnorm_running_update_torch(x, running_mean, running_var, momentum=0.1):
+    """The running statistics after torch's training-mode batch norm of x
+    (new tensors; the inputs stay as they are). torch moves nothing for an
+    empty x."""
+    new_mean, new_var = running_mean.clone(), running_var.clone()
+    if x.numel() > 0:
+        import torch
+        torch.batch_norm(x, None, None, new_mean, new_var, True, momentum, 1e-5, False)
+    return new_mean, new_var
