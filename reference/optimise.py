@@ -7,6 +7,11 @@ parameter ``x`` and the rule's state arrays with their new values and returns
 array has ``x``'s shape and dtype. The formulas are elementwise; ``t`` is the
 1-based step count, so the first update uses ``t = 1``.
 
+``<rule>_update_foreach(xs, gs, *state_lists, **hyper)`` is the same step for
+a list of parameters (the lists hold, per parameter, its ``x``, ``g`` and
+states; the parameters may differ in shape and dtype): here a loop applying
+``<rule>_update_forward`` to each, on the GPU one launch per dtype for all.
+
 Arithmetic happens in float64 for float64 arrays and in float32 otherwise
 (float16 and bfloat16 are converted to float32 first and rounded at the end,
 as the kernels do). So unlike Optimisers.jl on Float16 arrays, an epsilon of
@@ -174,3 +179,48 @@ def rmsprop_update_forward(x, g, s, *, eta, rho, epsilon):
         d += T(epsilon)
         np.divide(T(eta) * gc, d, out=d)
         xc -= d
+
+
+# --- every parameter of a list ---------------------------------------------------------------
+
+def _for_each(update, xs, gs, *state_lists, **hyper):
+    """``update(x, g, *states, **hyper)`` for each parameter of the lists, in order."""
+    if any(len(arrays) != len(xs) for arrays in (gs, *state_lists)):
+        raise ValueError(f"{update.__name__.removesuffix('_forward')}: the lists of parameters, gradients "
+                         f"and states differ in length: {[len(arrays) for arrays in (xs, gs, *state_lists)]}")
+    for arrays in zip(xs, gs, *state_lists):
+        update(*arrays, **hyper)
+
+
+def descent_update_foreach(xs, gs, *, eta):
+    """``descent_update_forward`` on each parameter of the lists, in turn."""
+    _for_each(descent_update_forward, xs, gs, eta=eta)
+
+
+def momentum_update_foreach(xs, gs, vs, *, eta, rho):
+    """``momentum_update_forward`` on each parameter of the lists, in turn."""
+    _for_each(momentum_update_forward, xs, gs, vs, eta=eta, rho=rho)
+
+
+def nesterov_update_foreach(xs, gs, vs, *, eta, rho):
+    """``nesterov_update_forward`` on each parameter of the lists, in turn."""
+    _for_each(nesterov_update_forward, xs, gs, vs, eta=eta, rho=rho)
+
+
+def adam_update_foreach(xs, gs, ms, vs, *, eta, beta1, beta2, epsilon, step):
+    """``adam_update_forward`` on each parameter of the lists, in turn."""
+    check_step(step)
+    _for_each(adam_update_forward, xs, gs, ms, vs, eta=eta, beta1=beta1, beta2=beta2, epsilon=epsilon,
+              step=step)
+
+
+def adamw_update_foreach(xs, gs, ms, vs, *, eta, beta1, beta2, epsilon, lambd, step):
+    """``adamw_update_forward`` on each parameter of the lists, in turn."""
+    check_step(step)
+    _for_each(adamw_update_forward, xs, gs, ms, vs, eta=eta, beta1=beta1, beta2=beta2, epsilon=epsilon,
+              lambd=lambd, step=step)
+
+
+def rmsprop_update_foreach(xs, gs, ss, *, eta, rho, epsilon):
+    """``rmsprop_update_forward`` on each parameter of the lists, in turn."""
+    _for_each(rmsprop_update_forward, xs, gs, ss, eta=eta, rho=rho, epsilon=epsilon)

@@ -275,6 +275,91 @@ def test_adjust():
     np.testing.assert_allclose(p.numpy(), 0.75)
 
 
+# --- all parameters of a dtype in one launch -------------------------------------------------------------
+
+ALL_RULES = [Descent(0.1), Momentum(), Nesterov(), RMSProp(), Adam(), AdamW(0.01, (0.9, 0.999), 0.1),
+             AdamW(0.01, (0.9, 0.999), 0.1, couple=False)]
+
+
+def _many_parameters(d, seed=0):
+    """Twelve Dense layers (24 float32 parameters) and a float64 parameter
+    beside them, and a gradient for each parameter."""
+    tf.seed(seed)
+    widths = [3, 4, 5, 2] * 3 + [3]
+    model = d({"net": tf.Chain(*[tf.Dense(a, b) for a, b in zip(widths, widths[1:])]),
+               "scale": tf.tensor(np.ones(3))})
+    rng = np.random.default_rng(seed)
+
+    def gradient(x):
+        if isinstance(x, tf.Tensor):
+            return tf.tensor(rng.standard_normal(x.shape).astype(x.dtype), device=d)
+        if isinstance(x, Layer):
+            return {name: gradient(v) for name, v in tf.functor.children(x).items()
+                    if name not in type(x)._nontrainable}
+        if isinstance(x, (list, tuple)):
+            return [gradient(v) for v in x]
+        if isinstance(x, dict):
+            return {k: gradient(v) for k, v in x.items()}
+        return None
+    return model, gradient(model)
+
+
+@pytest.mark.parametrize("rule", ALL_RULES, ids=repr)
+def test_update_launches_once_per_rule_and_dtype(monkeypatch, rule):
+    """Dozens of float32 parameters and one float64 parameter: two launches."""
+    from triflux.triton_kernels import launch
+    d = device("cuda")
+    model, g = _many_parameters(d)
+    st = setup(rule, model)
+    kernels = []
+    real = launch.launch
+    monkeypatch.setattr(launch, "launch", lambda kernel, *a, **m: kernels.append(kernel) or real(kernel, *a, **m))
+    update(st, model, g)
+    assert len(_parameters(st, model, g)) == 25
+    assert len(kernels) == 2 and kernels[0] is kernels[1], [getattr(k, "__name__", k) for k in kernels]
+
+
+def _parameters(st, model, g):
+    from triflux.optimise import _collect
+    return _collect(st, model, g)
+
+
+#: every rule on the CPU; on the device (slow in the interpreter) the three kinds of kernel
+#: call: with a state, with a step count, and AdamW's two calls at eta = 0
+_TOGETHER = ([pytest.param("cpu", rule, id=f"cpu-{rule!r}")
+              for rule in ALL_RULES + [AdamW(0.0, (0.9, 0.999), 0.1, couple=False)]]
+             + [pytest.param("cuda", rule, id=f"cuda-{rule!r}", marks=DEVICES[1].marks)
+                for rule in (Momentum(), Adam(), AdamW(0.0, (0.9, 0.999), 0.1, couple=False))])
+
+
+@pytest.mark.parametrize("dev,rule", _TOGETHER)
+def test_update_together_is_one_parameter_at_a_time_bit_for_bit(dev, rule):
+    """``update`` (one launch per dtype) against each parameter stepped alone
+    (a launch each), two steps: the same bits, parameters and states."""
+    d = device(dev)
+    together, g = _many_parameters(d)
+    alone, _ = _many_parameters(d)
+    st_together, st_alone = setup(rule, together), setup(rule, alone)
+    for _ in range(2):
+        update(st_together, together, g)
+        for leaf, x, gx in _parameters(st_alone, alone, g):
+            leaf.state = leaf.rule.step(x, gx, leaf.state)
+    for a, b in zip(tf.functor.leaves(state(together)) + tf.functor.leaves(state(st_together)),
+                    tf.functor.leaves(state(alone)) + tf.functor.leaves(state(st_alone))):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_rule_steps_of_different_counts_go_in_separate_launches():
+    """Adam's bias corrections depend on each parameter's own step count."""
+    a, b = tf.ones(3), tf.ones(3)
+    st = setup(Adam(0.1), {"a": a, "b": b})
+    update(st, {"a": a, "b": b}, {"a": tf.ones(3), "b": None})
+    update(st, {"a": a, "b": b}, {"a": tf.ones(3), "b": tf.ones(3)})
+    assert st["a"].state[2] == 2 and st["b"].state[2] == 1
+    np.testing.assert_array_equal(b.numpy(), np.float32(1) - np.float32(0.1) * np.float32(1 / (1 + 1e-8)))
+    assert (a.numpy() < b.numpy()).all()
+
+
 # --- train -----------------------------------------------------------------------------------------------
 
 def _data():

@@ -21,10 +21,16 @@ These hold for a constant learning rate (torch's buffers do not contain it).
 """
 import numpy as np
 import pytest
+from hypothesis import given, note
+from hypothesis import strategies as st
 
+import tolerances
+from triflux import dtypes as tfd
+from triflux import testing
 from triflux.errors import DTypeError, ShapeError
 from triflux.primitives import REGISTRY
 from triflux.reference import optimise as ref
+from triflux.testing import optimise as strategies
 
 pytestmark = pytest.mark.requires_kernels
 
@@ -253,6 +259,195 @@ def test_errors(K, kernel_device):
                 fn(z, z, z, z, eta=0.1, beta1=0.9, beta2=0.999, epsilon=1e-8, step=step)
 
 
+# --- the list form: all parameters of a dtype in one launch ---------------------------------------
+
+UPDATES = [p for p in REGISTRY.values() if p.family == "optimise"]
+
+
+def _foreach(side, name):
+    return REGISTRY[name].reference("foreach") if side == "reference" else REGISTRY[name].kernel("foreach")
+
+
+def test_every_update_has_a_list_form():
+    assert {p.name for p in UPDATES} == set(RULES) == set(strategies.RULES)
+    for p in UPDATES:
+        assert callable(p.reference("foreach")) and callable(p.kernel("foreach")), p.name
+
+
+def _as_torch(a, layout, device):
+    a = np.asarray(a)
+    if a.ndim == 0:
+        return testing.to_torch_layout(a.reshape(1), "contiguous", device).reshape(())
+    return testing.to_torch_layout(a, layout, device)
+
+
+def _as_numpy(a, layout):
+    a = np.asarray(a)
+    return a.copy() if a.ndim == 0 else testing.to_numpy_layout(a, layout)
+
+
+def _outside_view(t):
+    """The bytes of ``t``'s storage that the view ``t`` does not cover."""
+    import torch
+    raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+    covered = torch.zeros(raw.numel() // t.element_size(), dtype=torch.bool)
+    if t.numel():
+        covered.as_strided(t.shape, t.stride(), t.storage_offset()).fill_(True)
+    return raw.cpu().numpy()[~covered.repeat_interleave(t.element_size()).numpy()].copy()
+
+
+def _rounded(case, dtype, flush):
+    """The case's lists rounded to ``dtype`` (subnormals flushed with ``flush``)."""
+    d = tfd.as_dtype(dtype)
+
+    def rnd(a):
+        a = testing.round_to(np.asarray(a), d)
+        return tolerances.flush_subnormals(a, d) if flush else a
+    return [[rnd(a) for a in role] for role in case.inputs]
+
+
+#: every rule in float32, and Adam's kernel (the most arguments) in every dtype; each dtype
+#: of each rule goes through the same launches one parameter at a time in tests/test_primitives.py
+FOREACH_CASES = ([(p.name, "float32") for p in UPDATES]
+                 + [("adam_update", d) for d in REGISTRY["adam_update"].dtypes if d != "float32"])
+
+
+@pytest.mark.parametrize("name,dtype", FOREACH_CASES)
+@given(data=st.data())
+def test_foreach_kernel_matches_reference_and_one_at_a_time(K, kernel_device, name, dtype, data):
+    """A list of parameters of different shapes (0-d, size 1, empty) and
+    layouts in one call: the kernel agrees with the float64 reference to the
+    dtype's tolerance and is bit for bit what it gives each parameter alone;
+    the bytes of every buffer outside its view stay as they were; the
+    reference on the list is the reference on each parameter, bit for bit."""
+    case = data.draw(strategies.foreach_cases(name, dtype), label="case")
+    shapes = [np.shape(x) for x in case.inputs[0]]
+    what = f"{name}_foreach [{dtype}] shapes {shapes} layouts {case.layouts} attrs {case.attrs}"
+    note(what)
+    flush = K.launch.INTERPRET and dtype in tolerances.INTERPRETER_FLUSH_SUBNORMALS
+    rounded = _rounded(case, dtype, flush)
+    mutated = REGISTRY[name].mutates
+
+    expected = [[_as_numpy(a, lay).astype(np.float64) for a, lay in zip(r, ls)]
+                for r, ls in zip(rounded, case.layouts)]
+    _foreach("reference", name)(*expected, **case.attrs)
+
+    in_dtype = [[_as_numpy(a, lay) for a, lay in zip(r, ls)] for r, ls in zip(rounded, case.layouts)]
+    one_by_one = [[a.copy() for a in role] for role in in_dtype]
+    _foreach("reference", name)(*in_dtype, **case.attrs)
+    update = getattr(ref, f"{name}_forward")
+    for arrays in zip(*one_by_one):
+        update(*arrays, **case.attrs)
+    for role in mutated:
+        for a, b in zip(in_dtype[role], one_by_one[role]):
+            assert a.tobytes() == b.tobytes(), f"{what}: the reference on the list differs from one at a time"
+
+    tensors = [[_as_torch(a, lay, kernel_device) for a, lay in zip(r, ls)]
+               for r, ls in zip(rounded, case.layouts)]
+    alone = [[t.clone() for t in role] for role in tensors]
+    outside = [[_outside_view(t) for t in role] for role in tensors]
+    assert _foreach("kernel", name)(*tensors, **case.attrs) is None
+    for arrays in zip(*alone):
+        getattr(K, f"{name}_forward")(*arrays, **case.attrs)
+    torch_in_dtype = None
+    if tolerances.TOLERANCES[tolerances.dtype_name(dtype)].ratio:
+        cpu = [[_as_torch(a, "contiguous", "cpu") for a in role] for role in rounded]
+        torch_in_dtype = [[testing.to_numpy(t) for t in new]
+                          for new in strategies.foreach_oracle(name, *cpu, **case.attrs)]
+    for role in range(len(tensors)):
+        for i, t in enumerate(tensors[role]):
+            where = f"{what}: parameter {i} ({shapes[i]}, {case.layouts[role][i]}), input {role}"
+            got = testing.to_numpy(t)
+            assert np.array_equal(_outside_view(t), outside[role][i]), f"{where}: bytes outside the view changed"
+            if role not in mutated:
+                assert got.tobytes() == rounded[role][i].tobytes(), f"{where}: changed, not mutated"
+                continue
+            assert got.tobytes() == testing.to_numpy(alone[role][i]).tobytes(), \
+                f"{where}: the list's result differs from the parameter's alone"
+            ratio = None if torch_in_dtype is None else torch_in_dtype[i][mutated.index(role)]
+            tolerances.assert_close(got, expected[role][i], dtype, what=f"{where}, kernel vs reference",
+                                    ratio_reference=ratio, flush=flush)
+
+
+@pytest.mark.parametrize("name", [p.name for p in UPDATES])
+@given(data=st.data())
+def test_foreach_reference_matches_torch_float64(name, data):
+    import torch
+    case = data.draw(strategies.foreach_cases(name, "float64"), label="case")
+    arrays = [[np.array(a, dtype=np.float64) for a in role] for role in case.inputs]
+    want = strategies.foreach_oracle(name, *[[torch.from_numpy(a.copy()) for a in role] for role in arrays],
+                                     **case.attrs)
+    _foreach("reference", name)(*arrays, **case.attrs)
+    for i, new in enumerate(want):
+        for role, w in zip(REGISTRY[name].mutates, new):
+            tolerances.assert_close(arrays[role][i], w.numpy(), "float64", rtol=tolerances.TORCH_F64_RTOL,
+                                    what=f"{name}_foreach parameter {i}, input {role}, reference vs torch")
+
+
+def _mixed(kernel_device):
+    """Adam's lists for parameters of three dtypes, interleaved."""
+    import torch
+    rng = np.random.default_rng(5)
+    dtypes = [torch.float32, torch.float64, torch.float16, torch.float32, torch.float64, torch.float16,
+              torch.float32, torch.float32]
+    shapes = [(3, 4), (5,), (2, 2, 2), (), (0, 3), (7,), (33, 4), (40,)]
+    roles = [[torch.from_numpy(rng.uniform(0.1, 1.0, s)).to(dt).to(kernel_device)
+              for s, dt in zip(shapes, dtypes)] for _ in range(4)]
+    return roles, dict(eta=0.01, beta1=0.9, beta2=0.999, epsilon=1e-8, step=2)
+
+
+def test_foreach_launches_once_per_dtype_tables_first(K, kernel_device, monkeypatch):
+    """Mixed dtypes in one call: three launches, each parameter as it is
+    alone, and every table allocated before the first launch (so running out
+    of memory there changes nothing). Blocks of 16 elements: parameters of
+    one to nine programs, each finding its own."""
+    monkeypatch.setattr(K, "_block_size", lambda counts: 16)
+    roles, hyper = _mixed(kernel_device)
+    alone = [[t.clone() for t in role] for role in roles]
+    for arrays in zip(*alone):
+        K.adam_update_forward(*arrays, **hyper)
+    events = []
+    real_empty, real_launch = K.launch.empty, K.launch.launch
+    monkeypatch.setattr(K.launch, "empty", lambda *a: events.append("allocate") or real_empty(*a))
+    monkeypatch.setattr(K.launch, "launch",
+                        lambda kernel, *a, **m: events.append(m["DTYPE"]) or real_launch(kernel, *a, **m))
+    K.adam_update_foreach(*roles, **hyper)
+    assert events[0] == "allocate" and "allocate" not in events[1:] and len(events) == 4
+    assert len(set(events[1:])) == 3
+    for role, role_alone in zip(roles, alone):
+        for t, a in zip(role, role_alone):
+            assert N(t).tobytes() == N(a).tobytes()
+
+
+def test_foreach_out_of_memory_changes_nothing(K, kernel_device, monkeypatch):
+    from triflux.errors import OutOfMemoryError
+    roles, hyper = _mixed(kernel_device)
+    before = [[N(t).tobytes() for t in role] for role in roles]
+
+    def no_memory(*a):
+        raise OutOfMemoryError("no memory for the table")
+    monkeypatch.setattr(K.launch, "empty", no_memory)
+    with pytest.raises(OutOfMemoryError):
+        K.adam_update_foreach(*roles, **hyper)
+    assert [[N(t).tobytes() for t in role] for role in roles] == before
+
+
+def test_foreach_errors(K, kernel_device):
+    import torch
+    x = [torch.zeros(3, device=kernel_device), torch.zeros(2, device=kernel_device)]
+    for fn in (K.momentum_update_foreach, ref.momentum_update_foreach):
+        z = x if fn is K.momentum_update_foreach else [np.zeros(3, np.float32), np.zeros(2, np.float32)]
+        with pytest.raises(ValueError, match="differ in length"):
+            fn(z, z, z[:1], eta=0.1, rho=0.9)
+    with pytest.raises(ShapeError):      # the second parameter's gradient has the wrong shape
+        K.descent_update_foreach(x, [x[0], x[0]], eta=0.1)
+    K.descent_update_foreach([], [], eta=0.1)
+    ref.descent_update_foreach([], [], eta=0.1)
+    for fn in (K.adam_update_foreach, ref.adam_update_foreach):
+        with pytest.raises(ValueError):
+            fn([], [], [], [], eta=0.1, beta1=0.9, beta2=0.999, epsilon=1e-8, step=0)
+
+
 # --- torch only allocates and makes views --------------------------------------------------------
 
 from torch_ops import assert_torch_only_moves_memory  # noqa: E402
@@ -265,5 +460,6 @@ def test_torch_only_allocates(K, kernel_device):
     def work():
         for name, (n_states, _) in RULES.items():
             getattr(K, f"{name}_forward")(*ts[:2 + n_states], **_attrs(name, 2))
+            getattr(K, f"{name}_foreach")(*[[t, t[:, 1:]] for t in ts[:2 + n_states]], **_attrs(name, 2))
 
     assert_torch_only_moves_memory(work, "these kernels")

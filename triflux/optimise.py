@@ -8,9 +8,11 @@
     update(opt_state, model, g)               # parameters change in place
     train(lambda m, x, y: mse(m(x), y), model, loader, opt_state)   # one epoch
 
-Each rule's per-array step is one registered in-place primitive
-(``<rule>_update`` in the ``optimise`` family): the NumPy reference on the
-CPU, one fused Triton kernel per array on a GPU. The formulas are
+Each rule's step is one registered in-place primitive (``<rule>_update``
+in the ``optimise`` family), called in its list form ``<rule>_update_foreach``
+for all the parameters of a rule at once: the NumPy reference on the CPU
+(a loop over the parameters), on a GPU one fused kernel launch per dtype for
+all of them, as torch's foreach/fused optimisers. The formulas are
 Optimisers.jl's (``p`` a parameter, ``g`` its gradient, ``t`` the step):
 
 =============  =========================================================================
@@ -63,7 +65,7 @@ class Rule:
     ``_fields`` lists the hyperparameters in Optimisers.jl's order (the
     positional order of the constructor and of the printed form)."""
     _fields = ()
-    _primitive = None  # name of the in-place primitive doing one step
+    _primitive = None  # name of the in-place primitive doing a step (called in its list form)
 
     def __repr__(self):
         return f"{type(self).__name__}({', '.join(_fmt(getattr(self, f)) for f in self._fields)})"
@@ -89,16 +91,48 @@ class Rule:
         return type(self)(**hp)
 
     # per-rule behaviour ------------------------------------------------------------------------
+    # A rule defines ``step_all`` (all parameters at once: the rules here, one
+    # launch per device and dtype) or ``step`` (one parameter: a wrapper such as
+    # DistributedOptimizer); each default is written in terms of the other.
     def init(self, x):
         """The state for parameter ``x`` (arrays on its device, of its dtype)."""
         return None
 
     def step(self, x, g, st):
         """Update ``x`` in place from gradient ``g``; return the new state."""
-        raise NotImplementedError
+        (st,) = self.step_all([x], [g], [st])
+        return st
 
-    def _call(self, x, g, arrays, **attrs):
-        implementation(REGISTRY[self._primitive], x._device)(x._data, g._data, *[a._data for a in arrays], **attrs)
+    def step_all(self, xs, gs, states):
+        """Update every parameter of the list ``xs`` in place from its gradient
+        in ``gs``; return the list of new states."""
+        return [self.step(x, g, st) for x, g, st in zip(xs, gs, states)]
+
+    def _call(self, xs, gs, state_lists, **attrs):
+        """The rule's primitive, in its list form, on the parameters ``xs``
+        (``state_lists``: per state, the list of its arrays)."""
+        _update_each(self._primitive, xs, gs, state_lists, **attrs)
+
+
+def _update_each(primitive, xs, gs, state_lists, **attrs):
+    """``<primitive>_foreach`` on the parameters ``xs`` (Tensors), once per
+    device they live on."""
+    update = REGISTRY[primitive]
+    by_device = {}
+    for i, x in enumerate(xs):
+        by_device.setdefault(x._device, []).append(i)
+    for device, members in by_device.items():
+        implementation(update, device, "foreach")(
+            [xs[i]._data for i in members], [gs[i]._data for i in members],
+            *[[arrays[i]._data for i in members] for arrays in state_lists], **attrs)
+
+
+def _by_step(states):
+    """``{t: indices}``: the parameters whose Adam state ``(m, v, t)`` takes step ``t`` next."""
+    groups = {}
+    for i, (_, _, t) in enumerate(states):
+        groups.setdefault(int(t) + 1, []).append(i)
+    return groups
 
 
 def _eta(v, name):
@@ -123,9 +157,9 @@ class Descent(Rule):
     def __init__(self, eta=0.1):
         self.eta = _eta(eta, "Descent")
 
-    def step(self, x, g, st):
-        self._call(x, g, (), eta=self.eta)
-        return st
+    def step_all(self, xs, gs, states):
+        self._call(xs, gs, (), eta=self.eta)
+        return states
 
 
 class Momentum(Rule):
@@ -140,9 +174,9 @@ class Momentum(Rule):
     def init(self, x):
         return zeros_like(x)
 
-    def step(self, x, g, v):
-        self._call(x, g, (v,), eta=self.eta, rho=self.rho)
-        return v
+    def step_all(self, xs, gs, states):
+        self._call(xs, gs, (states,), eta=self.eta, rho=self.rho)
+        return states
 
 
 class Nesterov(Rule):
@@ -157,9 +191,9 @@ class Nesterov(Rule):
     def init(self, x):
         return zeros_like(x)
 
-    def step(self, x, g, v):
-        self._call(x, g, (v,), eta=self.eta, rho=self.rho)
-        return v
+    def step_all(self, xs, gs, states):
+        self._call(xs, gs, (states,), eta=self.eta, rho=self.rho)
+        return states
 
 
 class RMSProp(Rule):
@@ -181,9 +215,9 @@ class RMSProp(Rule):
     def init(self, x):
         return zeros_like(x)
 
-    def step(self, x, g, s):
-        self._call(x, g, (s,), eta=self.eta, rho=self.rho, epsilon=self.epsilon)
-        return s
+    def step_all(self, xs, gs, states):
+        self._call(xs, gs, (states,), eta=self.eta, rho=self.rho, epsilon=self.epsilon)
+        return states
 
 
 class Adam(Rule):
@@ -200,12 +234,12 @@ class Adam(Rule):
     def init(self, x):
         return (zeros_like(x), zeros_like(x), 0)
 
-    def step(self, x, g, st):
-        m, v, t = st
-        t = int(t) + 1
-        self._call(x, g, (m, v), eta=self.eta, beta1=self.beta[0], beta2=self.beta[1],
-                   epsilon=self.epsilon, step=t)
-        return (m, v, t)
+    def step_all(self, xs, gs, states):
+        for t, members in _by_step(states).items():
+            self._call([xs[i] for i in members], [gs[i] for i in members],
+                       ([states[i][0] for i in members], [states[i][1] for i in members]),
+                       eta=self.eta, beta1=self.beta[0], beta2=self.beta[1], epsilon=self.epsilon, step=t)
+        return [(m, v, int(t) + 1) for m, v, t in states]
 
 
 class AdamW(Rule):
@@ -227,22 +261,26 @@ class AdamW(Rule):
     def init(self, x):
         return (zeros_like(x), zeros_like(x), 0)
 
-    def step(self, x, g, st):
-        m, v, t = st
-        t = int(t) + 1
-        common = dict(beta1=self.beta[0], beta2=self.beta[1], epsilon=self.epsilon, step=t)
-        if self.couple:
-            self._call(x, g, (m, v), eta=self.eta, lambd=self.lambd, **common)
-        elif self.eta > 0:
-            # η·s + λ·p == η·(s + (λ/η)·p): the coupled kernel with λ' = λ/η
-            self._call(x, g, (m, v), eta=self.eta, lambd=self.lambd / self.eta, **common)
-        else:
-            # η == 0: the moments still advance; the decay alone is p -= λ·p
-            self._call(x, g, (m, v), eta=0.0, lambd=0.0, **common)
-            if self.lambd:
-                implementation(REGISTRY["descent_update"], x._device)(x._data, ops.contiguous(x)._data,
-                                                                      eta=self.lambd)
-        return (m, v, t)
+    def step_all(self, xs, gs, states):
+        for t, members in _by_step(states).items():
+            xs_t, gs_t = [xs[i] for i in members], [gs[i] for i in members]
+            moments = ([states[i][0] for i in members], [states[i][1] for i in members])
+            common = dict(beta1=self.beta[0], beta2=self.beta[1], epsilon=self.epsilon, step=t)
+            if self.couple:
+                self._call(xs_t, gs_t, moments, eta=self.eta, lambd=self.lambd, **common)
+            elif self.eta > 0:
+                # η·s + λ·p == η·(s + (λ/η)·p): the coupled kernel with λ' = λ/η
+                self._call(xs_t, gs_t, moments, eta=self.eta, lambd=self.lambd / self.eta, **common)
+            else:
+                # η == 0: the moments still advance; the decay alone is p -= λ·p. The copies of p
+                # are taken first, so nothing allocates once a parameter has moved: the Adam step
+                # at η = 0 leaves p equal to itself (-0 may become +0) or NaN, and p - λ·p comes
+                # out the same with either copy
+                copies = [ops.contiguous(x) for x in xs_t] if self.lambd else None
+                self._call(xs_t, gs_t, moments, eta=0.0, lambd=0.0, **common)
+                if copies:
+                    _update_each("descent_update", xs_t, copies, (), eta=self.lambd)
+        return [(m, v, int(t) + 1) for m, v, t in states]
 
 
 RULES = {r.__name__: r for r in (Descent, Momentum, Nesterov, RMSProp, Adam, AdamW)}
@@ -381,13 +419,16 @@ class MixedPrecision(Rule):
         master = _copy_as(x, self.master_dtype(x))
         return (master, self.rule.init(master))
 
-    def step(self, x, g, st):
-        """One step for one parameter, ``g`` already unscaled and of the
-        master's dtype (``update`` does that for all of them first)."""
-        master, inner = st
-        inner = self.rule.step(master, g, inner)
-        x._data = _copy_as(master, x.dtype)._data
-        return (master, inner)
+    def step_all(self, xs, gs, states):
+        """One step for the parameters ``xs``, the gradients ``gs`` already
+        unscaled and of the masters' dtype (``update`` does that for all of
+        them first): the rule steps the masters, the model gets them rounded
+        to its dtype."""
+        masters = [master for master, _ in states]
+        inner = self.rule.step_all(masters, gs, [inner for _, inner in states])
+        for x, master in zip(xs, masters):
+            x._data = _copy_as(master, x.dtype)._data
+        return list(zip(masters, inner))
 
 
 def _copy_as(x, dtype):
@@ -492,8 +533,7 @@ def _update_mixed(opt_state, model, grad):
             sc["scale"] = scale * some.backoff_factor
             sc["growth_tracker"] = 0
         return opt_state, model
-    for (leaf, x, _), g in zip(plan, grads):
-        leaf.state = leaf.rule.step(x, g, leaf.state)
+    _step_together([(leaf, x, g) for (leaf, x, _), g in zip(plan, grads)])
     if sc["dynamic"] and some is not None:
         sc["growth_tracker"] = int(sc["growth_tracker"]) + 1
         if sc["growth_tracker"] >= some.growth_interval:
@@ -626,10 +666,22 @@ def update(opt_state, model, grad):
                              "state `setup(MixedPrecision(rule), model)` returned (it holds the loss scale)")
     # every gradient is converted (which allocates) before any parameter moves, so running
     # out of memory here leaves the whole model and state as they were
-    plan = [(leaf, x, _fit_gradient(x, g)) for leaf, x, g in plan]
-    for leaf, x, g in plan:
-        leaf.state = leaf.rule.step(x, g, leaf.state)
+    _step_together([(leaf, x, _fit_gradient(x, g)) for leaf, x, g in plan])
     return opt_state, model
+
+
+def _step_together(plan):
+    """Step every ``(leaf, parameter, gradient)`` of ``plan``: one
+    ``step_all`` per rule, which launches once per device and dtype for all
+    its parameters (and allocates its small table of them before it does)."""
+    by_rule = {}
+    for entry in plan:
+        by_rule.setdefault(entry[0].rule, []).append(entry)
+    for rule, entries in by_rule.items():
+        states = rule.step_all([x for _, x, _ in entries], [g for _, _, g in entries],
+                               [leaf.state for leaf, _, _ in entries])
+        for (leaf, _, _), st in zip(entries, states):
+            leaf.state = st
 
 
 def _collect(opt_state, model, grad):

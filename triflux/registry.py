@@ -31,6 +31,9 @@ Calling conventions, identical for the reference (NumPy arrays) and the kernels
   per input) and may return ``None`` for inputs not needed.
 * Non-differentiable primitives have no backward; in-place primitives
   overwrite the inputs they declare in ``mutates`` and return ``None``.
+* A primitive declared ``foreach`` also has ``<name>_foreach(*lists, **attrs)``
+  (reference and kernel): the same update on lists of tensors, one launch per
+  dtype on a GPU (the optimisers' multi-tensor updates).
 * ``<name>_magnitude`` returns a floor for the denominator of the relative
   error of that direction (a float forward, a tuple with one entry per input
   backward), or None to leave it to the generic floors of the traits.
@@ -71,6 +74,9 @@ class Primitive:
     #: the indices of the inputs an in-place primitive (an optimiser update)
     #: overwrites; it returns None
     mutates: tuple = ()
+    #: also has a list form ``<name>_foreach(xs, gs, *state lists, **attrs)``
+    #: (reference and kernel) that updates many parameters in one launch per dtype
+    foreach: bool = False
     #: draws random numbers from a ``seed`` attr
     random: bool = False
     dtypes: tuple = ALL_FLOAT_DTYPES
@@ -121,6 +127,9 @@ class Primitive:
         if self.differentiable:
             out += [("reference backward", "reference", "backward"),
                     ("kernel backward", "triton_kernels", "backward")]
+        if self.foreach:
+            out += [("reference foreach", "reference", "foreach"),
+                    ("kernel foreach", "triton_kernels", "foreach")]
         return out
 
 

@@ -60,6 +60,8 @@ class DistributedOptimizer(Rule):
         connection); loading into a DistributedOptimizer state keeps its backend."""
         return self.rule
 
-    def step(self, x, g, st):
-        g = collective_on_leaf(self.backend, g, "allreduce", "avg", 0, "gradient")
-        return self.rule.step(x, g, st)
+    def step_all(self, xs, gs, states):
+        """Average every gradient over the workers, then let the inner rule
+        update all parameters together (its multi-tensor launches)."""
+        gs = [collective_on_leaf(self.backend, g, "allreduce", "avg", 0, "gradient") for g in gs]
+        return self.rule.step_all(xs, gs, states)
