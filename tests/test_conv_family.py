@@ -39,6 +39,8 @@ CONV_T = {
     "groups2": ((2, 4, 4, 3), (4, 1, 3, 2), dict(stride=(2, 1), padding=(1, 0, 0, 1), output_padding=(1, 0), dilation=(1, 1), groups=2)),
     "dilation2": ((1, 2, 4, 4), (2, 2, 3, 3), dict(stride=(1, 2), padding=(2, 1, 0, 2), output_padding=(0, 1), dilation=(2, 2), groups=1)),
     "empty_batch": ((0, 2, 4, 4), (2, 3, 3, 3), dict(stride=(2, 2), padding=(1, 1, 1, 1), output_padding=(1, 1), dilation=(1, 1), groups=1)),
+    # a 1x1 output of stride 2: three of the output's four phases (p, q mod 2) have no pixel
+    "stride_over_output": ((2, 3, 1, 1), (3, 4, 1, 1), dict(stride=(2, 2), padding=(0, 0, 0, 0), output_padding=(0, 0), dilation=(1, 1), groups=1)),
 }
 
 OPS = {"conv2d": (CONV2D, oracle.conv2d_torch), "conv_transpose2d": (CONV_T, oracle.conv_transpose2d_torch)}
@@ -163,6 +165,114 @@ def test_kernel_matches_torch(op, name, dtype):
     for a, e, ref_t, what in ((y, ty, xt, "y"), (dx, tdx, xt, "dx"), (dw, tdw, wt, "dw")):
         assert a.dtype == dtype and a.is_contiguous()
         _close(a.detach().to("cpu").double().numpy(), e, TOL[dtype], f"{op} {name} {dtype} kernel {what}")
+
+
+#: weight gradients long enough to split on a GPU: (op, x shape, w shape, attributes)
+SPLIT_CASES = {
+    "conv2d 3x3": ("conv2d", (2, 3, 20, 18), (4, 3, 3, 3),
+                   dict(stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)),
+    "conv2d groups2 stride2": ("conv2d", (3, 4, 23, 21), (6, 2, 3, 2),
+                               dict(stride=(2, 1), padding=(1, 0, 0, 1), dilation=(1, 1), groups=2)),
+    "conv_transpose2d stride2": ("conv_transpose2d", (2, 4, 9, 10), (4, 3, 2, 2),
+                                 dict(stride=(2, 2), padding=(0, 0, 0, 0), output_padding=(0, 0), dilation=(1, 1),
+                                      groups=1)),
+}
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_weight_gradient_in_splits(case, monkeypatch):
+    """On a GPU, a weight gradient of few tiles sums its pixels in several
+    programs (split-K) into float32/float64 partial sums and a second launch
+    adds them (no atomics). Forced here in the interpreter: it matches the
+    one-program sum (and torch), and a second run gives the same bits."""
+    kc, dev = _kernels()
+    from triflux.triton_kernels import launch
+    op, xs, ws, attrs = SPLIT_CASES[case]
+    x, w = _rand(xs, 31), _rand(ws, 32)
+    y = getattr(ref, f"{op}_forward")(x, w, **attrs)
+    g = _rand(y.shape, 33)
+    for dtype in (torch.float32, torch.float64):
+        xt, wt, gt = (torch.tensor(a).to(dtype).to(dev) for a in (x, w, g))
+        dw_whole = getattr(kc, f"{op}_backward")(gt, None, xt, wt, **attrs)[1]
+        launched, real_launch = [], launch.launch
+        monkeypatch.setattr(launch, "launch", lambda k, grid, *a, **m: (launched.append((k, grid)),
+                                                                        real_launch(k, grid, *a, **m))[1])
+        monkeypatch.setattr(launch, "INTERPRET", False)
+        dw_split = [getattr(kc, f"{op}_backward")(gt, None, xt, wt, **attrs)[1] for _ in range(2)]
+        monkeypatch.setattr(launch, "INTERPRET", True)
+        monkeypatch.setattr(launch, "launch", real_launch)
+        grids = [grid for k, grid in launched if k is kc._weight_grad_kernel]
+        assert len(grids) == 2 and grids[0][2] > attrs["groups"], f"{case}: not split: {launched}"
+        assert sum(k is kc._sum_splits_kernel for k, _ in launched) == 2, launched
+        assert torch.equal(dw_split[0], dw_split[1]), f"{case} {dtype}: two runs differ"
+        assert dw_split[0].dtype == dtype and dw_split[0].shape == wt.shape
+        _close(dw_split[0].to("cpu").double().numpy(), dw_whole.to("cpu").double().numpy(), TOL[dtype],
+               f"{case} {dtype} dw split vs whole")
+        _close(dw_split[0].to("cpu").double().numpy(), _torch_all(op, x, w, g, attrs)[2], TOL[dtype],
+               f"{case} {dtype} dw split vs torch")
+
+
+@needs_kernels
+def test_int64_pixel_indices(monkeypatch):
+    """Beyond 2^31 output pixels the kernels index pixels in int64: the same
+    results, forced here on a small problem (split and transposed paths too)."""
+    kc, dev = _kernels()
+    import triton.language as tl
+    from triflux.triton_kernels import launch
+    monkeypatch.setattr(kc, "_pixel_index_type", lambda num_pixels, block: tl.int64)
+    op, xs, ws, attrs = SPLIT_CASES["conv_transpose2d stride2"]
+    x, w = _rand(xs, 41), _rand(ws, 42)
+    g = _rand(getattr(ref, f"{op}_forward")(x, w, **attrs).shape, 43)
+    expected = _torch_all(op, x, w, g, attrs)
+    xt, wt, gt = (torch.tensor(a).to(dev) for a in (x, w, g))
+    for interpret in (True, False):         # False: GPU tiles, the weight gradient in splits
+        monkeypatch.setattr(launch, "INTERPRET", interpret)
+        y = kc.conv_transpose2d_forward(xt, wt, **attrs)
+        dx, dw = kc.conv_transpose2d_backward(gt, y, xt, wt, **attrs)
+        for a, e, what in zip((y, dx, dw), expected, ("y", "dx", "dw")):
+            _close(a.to("cpu").numpy(), e, TOL[torch.float64], f"int64 indices, interpreter tiles {interpret}: {what}")
+
+
+#: the convolutions of a UNet(3, 2) (depth 4, 64 base channels) at 2^depth levels below
+#: ``size``: (op, input channels, output channels, kernel, stride, input size)
+def _unet_convs(size):
+    convs = [("conv2d", 3, 64, 3, 1, size), ("conv2d", 64, 2, 1, 1, size)]
+    for d in range(5):
+        c, s = 64 * 2 ** d, size >> d
+        convs += [("conv2d", c, c, 3, 1, s)]
+        if d > 0:
+            convs += [("conv2d", c // 2, c, 3, 1, s),                     # down: the level's first conv
+                      ("conv_transpose2d", c, c // 2, 2, 2, s),            # up, to the level above
+                      ("conv2d", c, c // 2, 3, 1, 2 * s)]                  # the merge after the skip
+    return convs
+
+
+@pytest.mark.parametrize("batch,size", [(32, 128), (4, 64)])
+def test_weight_gradients_fill_the_gpu(batch, size, monkeypatch):
+    """Every conv weight gradient of a UNet(3, 2) training step at batch 32,
+    128x128 (and batch 4, 64x64) runs at least twice 132 programs (an H100's
+    SMs) on a GPU: the grids the host functions launch, kernels not run."""
+    pytest.importorskip("triton")
+    from triflux.triton_kernels import conv as kc
+    from triflux.triton_kernels import launch
+    launched = []
+    monkeypatch.setattr(launch, "launch", lambda k, grid, *a, **m: launched.append((k, grid)))
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    for op, cin, cout, k, stride, s in _unet_convs(size):
+        pad = (k // 2,) * 4 if stride == 1 else (0,) * 4
+        if op == "conv2d":
+            x, w = torch.empty((batch, cin, s, s)), torch.empty((cout, cin, k, k))
+            g = torch.empty((batch, cout, s, s))
+            kc.conv2d_backward(g, None, x, w, padding=pad)
+        else:
+            x, w = torch.empty((batch, cin, s, s)), torch.empty((cin, cout, k, k))
+            g = torch.empty((batch, cout, s * stride, s * stride))
+            kc.conv_transpose2d_backward(g, None, x, w, stride=(stride, stride), padding=pad)
+        grids = [grid for kernel, grid in launched if kernel is kc._weight_grad_kernel]
+        programs = grids[-1][0] * grids[-1][1] * grids[-1][2]
+        assert programs >= 2 * 132, f"{op} {cin}->{cout} {k}x{k} at {s}x{s}, batch {batch}: {programs} programs"
+    assert len(grids) == len(_unet_convs(size))
 
 
 @needs_kernels

@@ -4,18 +4,25 @@ Implicit GEMM, no im2col in device memory. Two kernels do everything:
 
 * ``_gather_conv_kernel``: one program computes a tile of BLOCK_SIZE_PIXELS
   output pixels (n, p, q flattened) x BLOCK_SIZE_CHANNELS output channels of
-  one group, looping over the reduction (input channels of the group x kh x
-  kw, flattened, BLOCK_SIZE_REDUCTION at a time): the pixels x reduction
-  operand is gathered from the input on the fly (zero padding and stride by
-  masks), the reduction x channels operand read from the weight through its
-  strides, and multiplied with ``numerics.dot``. With ``TRANSPOSED`` the
-  gather is the one of a transposed convolution (input pixel
-  ``(p + top - i*dh) / sh`` where that divides exactly): conv2d's input
-  gradient and conv_transpose2d's forward.
+  one group, looping over the reduction tap-major: for each tap (i, j), over
+  the input channels of the group, BLOCK_SIZE_REDUCTION at a time. The
+  pixels x channels operand is gathered from the input on the fly (zero
+  padding by masks, computed once per pixel and tap), the channels x output
+  channels operand read from the weight through its strides, and the two
+  multiplied with ``numerics.dot``. With ``TRANSPOSED`` the gather is the
+  one of a transposed convolution (input pixel ``(p + top - i*dh) / sh``
+  where that divides exactly): conv2d's input gradient and
+  conv_transpose2d's forward. Its programs then take the output pixels one
+  phase (p mod sh, q mod sw) at a time, for which each tap divides for all
+  pixels or for none: a tap that never divides is skipped, not masked.
 * ``_weight_grad_kernel``: conv2d's weight gradient, a tile of output
   channels x (c', i, j) weight entries of one group reduced over the
-  N x Ho x Wo output pixels, BLOCK_SIZE_PIXELS at a time (one program does
-  the whole sum, so half-precision weights are rounded once).
+  N x Ho x Wo output pixels, BLOCK_SIZE_PIXELS at a time. When the tiles
+  are fewer than the GPU has room for, the pixels are split (split-K): each
+  program sums one range of them into a float32 (float64) partial weight
+  gradient, and ``_sum_splits_kernel`` adds the partial sums in a second
+  pass, rounding once to the weight's dtype (no atomics: the result is the
+  same on every run).
 
 conv2d_bias_act is the forward kernel with ``HAS_BIAS`` and an
 ``ACTIVATION`` (ACT_IDENTITY, ACT_RELU, ACT_SIGMOID, ACT_TANH) applied to the
@@ -30,22 +37,26 @@ forward = conv2d's input gradient, dx = conv2d forward, dw = conv2d weight
 gradient with the roles of input and output gradient exchanged.
 
 Dots: ``numerics.dot`` of the kind ``numerics.dot_kind`` picks for the
-operands (float32 IEEE, 16-bit native with a float32 accumulator on a GPU,
-float64 as sums of products). Shapes and attributes are checked, and the
-output shape derived, by the family's spec (``triflux.specs.conv``). Inputs
-are read through their strides (any layout); outputs are new dense tensors.
+operands (float32 IEEE, or TF32 under ``set_matmul_precision("tf32")``,
+16-bit native with a float32 accumulator on a GPU, float64 as sums of
+products). Shapes and attributes are checked, and the output shape
+derived, by the family's spec (``triflux.specs.conv``). Inputs are read
+through their strides (any layout); outputs are new dense tensors.
 
-A faster version would need: tiles tuned per GPU (and autotuning there), the
-channel loop outermost with the (i, j) taps unrolled so weight rows are
-contiguous loads, channels-last layouts, and split-K for the weight gradient
-when N*Ho*Wo is large.
+Pixel indices are int32 where they fit (int64 beyond), so the per-pixel
+(n, p, q) division is a 32-bit one; addresses are int64 and split into a part
+per pixel and a part per channel or weight entry. The GPU tiles are chosen per
+dot kind so that no specialization spills registers (``_GATHER_TILES``,
+``_WEIGHT_GRAD_TILES``). A faster version would need: tiles tuned per GPU
+(and autotuning there), channels-last layouts, and pipelined 16-bit operand
+loads.
 """
 import torch
 import triton
 import triton.language as tl
 
 from . import copy, launch, numerics
-from .numerics import DOT_FP64, dot, dot_kind, store_value
+from .numerics import DOT_FP64, DOT_NATIVE, dot, dot_kind, store_value
 from ..errors import DTypeError
 from ..specs.conv import conv2d_bias_act_spec, conv2d_spec, conv_transpose2d_spec
 
@@ -90,129 +101,159 @@ def _split_pixels(m, out_height, out_width):
 
 @triton.jit
 def _gather_conv_kernel(x, w, y, bias, bias_stride,
-                        in_height, in_width, out_height, out_width, num_pixels,
-                        reduce_channels, out_channels_per_group,
+                        in_height, in_width, out_height, out_width, batch,
+                        reduce_channels, out_channels_per_group, phase_rows, phase_cols,
                         x_batch_stride, x_channel_stride, x_height_stride, x_width_stride,
                         w_group_stride, w_out_channel_stride, w_reduce_channel_stride,
                         w_height_stride, w_width_stride,
                         y_batch_stride, y_channel_stride, y_height_stride, y_width_stride,
                         stride_height, stride_width, pad_top, pad_left, dilation_height, dilation_width,
                         KERNEL_HEIGHT: tl.constexpr, KERNEL_WIDTH: tl.constexpr, TRANSPOSED: tl.constexpr,
+                        PIXEL_INDEX_TYPE: tl.constexpr,
                         BLOCK_SIZE_PIXELS: tl.constexpr, BLOCK_SIZE_CHANNELS: tl.constexpr,
                         BLOCK_SIZE_REDUCTION: tl.constexpr, DOT: tl.constexpr, INTERP: tl.constexpr,
                         HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
     """y[n, g*Cout + c, p, q] = act(sum_{r < R, i, j} x[n, g*R + r, h, v] * w(g, c, r, i, j) + bias[g*Cout + c])
 
-    with R = reduce_channels, Cout = out_channels_per_group, g the group (program axis 2),
+    with R = reduce_channels, Cout = out_channels_per_group, g the group,
     forward:    h = p*stride_height - pad_top + i*dilation_height      (valid when 0 <= h < in_height)
     TRANSPOSED: h = (p + pad_top - i*dilation_height) / stride_height  (valid when it divides and 0 <= h < in_height)
     (v likewise along the width); w(g, c, r, i, j) read at w + g*w_group_stride + c*w_out_channel_stride
     + r*w_reduce_channel_stride + i*w_height_stride + j*w_width_stride. The bias term only with
     HAS_BIAS (bias[k] at bias + k*bias_stride); act by ACTIVATION (see _bias_act).
+
+    Tap-major: the reduction runs over the taps (i, j), and for each tap over
+    the channels r, BLOCK_SIZE_REDUCTION at a time, so (h, v) and their masks
+    are per pixel, not per pixel and reduction entry. A program's pixels share
+    one phase (p mod phase_rows, q mod phase_cols): program axis 2 is
+    g*phase_rows*phase_cols + phase, and the program's pixels are
+    p = p'*phase_rows + phase_row (q likewise) for (n, p', q') flattened on
+    axis 0. A TRANSPOSED conv gets phase_rows = stride_height (and
+    phase_cols = stride_width): within a phase the divisibility of each tap is
+    the same for every pixel, taps that never divide are skipped, and
+    h = p' + (phase_row + pad_top - i*dilation_height) / stride_height.
     """
-    pid_pixels = tl.program_id(0).to(tl.int64)
+    pid_pixels = tl.program_id(0)
     pid_channels = tl.program_id(1)
-    group = tl.program_id(2).to(tl.int64)
-    pixel = pid_pixels * BLOCK_SIZE_PIXELS + tl.arange(0, BLOCK_SIZE_PIXELS)
+    phases = phase_rows * phase_cols
+    group = (tl.program_id(2) // phases).to(tl.int64)
+    phase = tl.program_id(2) % phases
+    phase_row = phase // phase_cols
+    phase_col = phase % phase_cols
+    sub_height = (out_height - phase_row + phase_rows - 1) // phase_rows    # rows p of this phase
+    sub_width = (out_width - phase_col + phase_cols - 1) // phase_cols
+    num_pixels = batch * sub_height * sub_width
+    pixel = pid_pixels.to(PIXEL_INDEX_TYPE) * BLOCK_SIZE_PIXELS + tl.arange(0, BLOCK_SIZE_PIXELS)
     pixel_mask = pixel < num_pixels
-    pixel = tl.minimum(pixel, num_pixels - 1)
-    n, p, q = _split_pixels(pixel, out_height, out_width)
+    # (a phase can have no pixels: an output smaller than the stride)
+    sub_height = tl.maximum(sub_height, 1)
+    sub_width = tl.maximum(sub_width, 1)
+    pixel = tl.minimum(pixel, tl.maximum(num_pixels - 1, 0))
+    n, p_sub, q_sub = _split_pixels(pixel, sub_height, sub_width)
+    p = p_sub * phase_rows + phase_row
+    q = q_sub * phase_cols + phase_col
     channel = pid_channels * BLOCK_SIZE_CHANNELS + tl.arange(0, BLOCK_SIZE_CHANNELS)
     channel_mask = channel < out_channels_per_group
-    reduction = reduce_channels * KERNEL_HEIGHT * KERNEL_WIDTH
     if DOT == DOT_FP64:
         acc = tl.zeros((BLOCK_SIZE_PIXELS, BLOCK_SIZE_CHANNELS), dtype=tl.float64)
     else:
         acc = tl.zeros((BLOCK_SIZE_PIXELS, BLOCK_SIZE_CHANNELS), dtype=tl.float32)
-    x_image = x + n * x_batch_stride
+    x_image = x + n.to(tl.int64) * x_batch_stride + group * reduce_channels * x_channel_stride
     w_channel = w + group * w_group_stride + channel * w_out_channel_stride
-    for k0 in range(0, reduction, BLOCK_SIZE_REDUCTION):
-        k = k0 + tl.arange(0, BLOCK_SIZE_REDUCTION)           # the flattened (r, i, j)
-        k_mask = k < reduction
-        r = k // (KERNEL_HEIGHT * KERNEL_WIDTH)
-        tap = k % (KERNEL_HEIGHT * KERNEL_WIDTH)
+    for tap in range(0, KERNEL_HEIGHT * KERNEL_WIDTH):
         i = tap // KERNEL_WIDTH
         j = tap % KERNEL_WIDTH
         if TRANSPOSED:
-            h_scaled = p[:, None] + pad_top - i[None, :] * dilation_height
-            v_scaled = q[:, None] + pad_left - j[None, :] * dilation_width
-            h_scaled = tl.where(h_scaled >= 0, h_scaled, -1)
-            v_scaled = tl.where(v_scaled >= 0, v_scaled, -1)
-            ok = (h_scaled >= 0) & (v_scaled >= 0) & (h_scaled % stride_height == 0) & (v_scaled % stride_width == 0)
-            h = h_scaled // stride_height
-            v = v_scaled // stride_width
+            rows_back = phase_row + pad_top - i * dilation_height
+            cols_back = phase_col + pad_left - j * dilation_width
+            divides = (rows_back % stride_height == 0) & (cols_back % stride_width == 0)
+            h = p_sub + rows_back // stride_height
+            v = q_sub + cols_back // stride_width
+            reduce_end = tl.where(divides, reduce_channels, 0)   # a tap no pixel of the phase reaches: no loop
         else:
-            h = p[:, None] * stride_height - pad_top + i[None, :] * dilation_height
-            v = q[:, None] * stride_width - pad_left + j[None, :] * dilation_width
-            ok = (h >= 0) & (v >= 0)
-        ok = ok & (h < in_height) & (v < in_width) & pixel_mask[:, None] & k_mask[None, :]
-        h = tl.where(ok, h, 0)
-        v = tl.where(ok, v, 0)
-        in_channel = group * reduce_channels + r
-        a = tl.load(x_image[:, None] + in_channel[None, :] * x_channel_stride + h * x_height_stride
-                    + v * x_width_stride, mask=ok, other=0.0)
-        b = tl.load(w_channel[None, :] + r[:, None] * w_reduce_channel_stride + i[:, None] * w_height_stride
-                    + j[:, None] * w_width_stride, mask=k_mask[:, None] & channel_mask[None, :], other=0.0)
-        acc = dot(acc, a, b, DOT)
+            h = p * stride_height - pad_top + i * dilation_height
+            v = q * stride_width - pad_left + j * dilation_width
+            reduce_end = reduce_channels
+        ok = (h >= 0) & (h < in_height) & (v >= 0) & (v < in_width) & pixel_mask
+        x_pixel = x_image + h.to(tl.int64) * x_height_stride + v.to(tl.int64) * x_width_stride
+        w_tap = w_channel + i * w_height_stride + j * w_width_stride
+        for r0 in range(0, reduce_end, BLOCK_SIZE_REDUCTION):
+            r = r0 + tl.arange(0, BLOCK_SIZE_REDUCTION)
+            r_mask = r < reduce_channels
+            a = tl.load(x_pixel[:, None] + r[None, :].to(tl.int64) * x_channel_stride,
+                        mask=ok[:, None] & r_mask[None, :], other=0.0)
+            b = tl.load(w_tap[None, :] + r[:, None] * w_reduce_channel_stride,
+                        mask=r_mask[:, None] & channel_mask[None, :], other=0.0)
+            acc = dot(acc, a, b, DOT)
     out_channel = group * out_channels_per_group + channel
     acc = _bias_act(acc, bias, out_channel, bias_stride, channel_mask, HAS_BIAS, ACTIVATION)
-    y_pointer = (y + n[:, None] * y_batch_stride + out_channel[None, :] * y_channel_stride
-                 + p[:, None] * y_height_stride + q[:, None] * y_width_stride)
-    tl.store(y_pointer, store_value(acc, y.dtype.element_ty, INTERP),
+    y_pixel = (y + n.to(tl.int64) * y_batch_stride + p.to(tl.int64) * y_height_stride
+               + q.to(tl.int64) * y_width_stride)
+    tl.store(y_pixel[:, None] + out_channel[None, :] * y_channel_stride, store_value(acc, y.dtype.element_ty, INTERP),
              mask=pixel_mask[:, None] & channel_mask[None, :])
 
 
 @triton.jit
-def _weight_grad_kernel(x, g, dw,
-                        in_height, in_width, out_height, out_width, num_pixels,
+def _weight_grad_kernel(x, g, dw, in_height, in_width, out_height, out_width, num_pixels, num_splits, groups,
                         in_channels_per_group, out_channels_per_group,
                         x_batch_stride, x_channel_stride, x_height_stride, x_width_stride,
                         g_batch_stride, g_channel_stride, g_height_stride, g_width_stride,
-                        dw_out_channel_stride, dw_in_channel_stride, dw_height_stride, dw_width_stride,
+                        dw_split_stride, dw_out_channel_stride, dw_in_channel_stride, dw_height_stride,
+                        dw_width_stride,
                         stride_height, stride_width, pad_top, pad_left, dilation_height, dilation_width,
-                        KERNEL_HEIGHT: tl.constexpr, KERNEL_WIDTH: tl.constexpr,
+                        KERNEL_HEIGHT: tl.constexpr, KERNEL_WIDTH: tl.constexpr, PIXEL_INDEX_TYPE: tl.constexpr,
                         BLOCK_SIZE_CHANNELS: tl.constexpr, BLOCK_SIZE_ENTRIES: tl.constexpr,
                         BLOCK_SIZE_PIXELS: tl.constexpr, DOT: tl.constexpr, INTERP: tl.constexpr):
-    """dw[g*Cout + o, c, i, j] = sum_{n, p, q} g[n, g*Cout + o, p, q] * x[n, g*Cin + c, h, v],
+    """dw[s, g*Cout + o, c, i, j] = sum_{m = (n, p, q) of split s} g[n, g*Cout + o, p, q] * x[n, g*Cin + c, h, v],
     h = p*stride_height - pad_top + i*dilation_height (v likewise), x read as zero outside its
-    bounds; Cout, Cin the channels per group, g the group (program axis 2). A program computes
-    BLOCK_SIZE_CHANNELS output channels x BLOCK_SIZE_ENTRIES weight entries (c, i, j) and sums
-    all num_pixels = N*out_height*out_width pixels itself."""
+    bounds; Cout, Cin the channels per group, g the group. The num_pixels = N*out_height*out_width
+    pixels m are cut into num_splits ranges [s*num_pixels // num_splits, (s+1)*num_pixels // num_splits)
+    (split-K: the sum over s is a second pass; with one split dw is the weight gradient itself).
+    A program computes BLOCK_SIZE_CHANNELS output channels x BLOCK_SIZE_ENTRIES weight entries
+    (c, i, j) of one group and one split (program axis 2 = s*groups + g)."""
     pid_channels = tl.program_id(0)
     pid_entries = tl.program_id(1)
-    group = tl.program_id(2).to(tl.int64)
+    group = (tl.program_id(2) % groups).to(tl.int64)
+    split = (tl.program_id(2) // groups).to(tl.int64)
     channel = pid_channels * BLOCK_SIZE_CHANNELS + tl.arange(0, BLOCK_SIZE_CHANNELS)
     channel_mask = channel < out_channels_per_group
     entry = pid_entries * BLOCK_SIZE_ENTRIES + tl.arange(0, BLOCK_SIZE_ENTRIES)
-    entries = in_channels_per_group * KERNEL_HEIGHT * KERNEL_WIDTH
-    entry_mask = entry < entries
+    entry_mask = entry < in_channels_per_group * KERNEL_HEIGHT * KERNEL_WIDTH
     c = entry // (KERNEL_HEIGHT * KERNEL_WIDTH)
     tap = entry % (KERNEL_HEIGHT * KERNEL_WIDTH)
     i = tap // KERNEL_WIDTH
     j = tap % KERNEL_WIDTH
     out_channel = group * out_channels_per_group + channel
-    in_channel = group * in_channels_per_group + c
+    tap_rows = i * dilation_height      # h = (p*stride_height - pad_top) + tap_rows
+    tap_cols = j * dilation_width
+    # the addresses split into a part per pixel and a part per channel or entry
+    g_channel = g + out_channel * g_channel_stride
+    x_entry = (x + (group * in_channels_per_group + c) * x_channel_stride + tap_rows.to(tl.int64) * x_height_stride
+               + tap_cols.to(tl.int64) * x_width_stride)
+    m_lo = (split * num_pixels // num_splits).to(PIXEL_INDEX_TYPE)
+    m_hi = ((split + 1) * num_pixels // num_splits).to(PIXEL_INDEX_TYPE)
     if DOT == DOT_FP64:
         acc = tl.zeros((BLOCK_SIZE_CHANNELS, BLOCK_SIZE_ENTRIES), dtype=tl.float64)
     else:
         acc = tl.zeros((BLOCK_SIZE_CHANNELS, BLOCK_SIZE_ENTRIES), dtype=tl.float32)
-    for m0 in range(0, num_pixels, BLOCK_SIZE_PIXELS):
-        pixel = m0 + tl.arange(0, BLOCK_SIZE_PIXELS).to(tl.int64)
-        pixel_mask = pixel < num_pixels
+    for m0 in range(m_lo, m_hi, BLOCK_SIZE_PIXELS):
+        pixel = m0 + tl.arange(0, BLOCK_SIZE_PIXELS)
+        pixel_mask = pixel < m_hi
         n, p, q = _split_pixels(pixel, out_height, out_width)
-        a = tl.load(g + n[None, :] * g_batch_stride + out_channel[:, None] * g_channel_stride
-                    + p[None, :] * g_height_stride + q[None, :] * g_width_stride,
+        n = n.to(tl.int64)
+        a = tl.load(g_channel[:, None] + (n * g_batch_stride + p.to(tl.int64) * g_height_stride
+                                          + q.to(tl.int64) * g_width_stride)[None, :],
                     mask=channel_mask[:, None] & pixel_mask[None, :], other=0.0)
-        h = p[:, None] * stride_height - pad_top + i[None, :] * dilation_height
-        v = q[:, None] * stride_width - pad_left + j[None, :] * dilation_width
-        ok = (h >= 0) & (v >= 0) & (h < in_height) & (v < in_width) & pixel_mask[:, None] & entry_mask[None, :]
-        h = tl.where(ok, h, 0)
-        v = tl.where(ok, v, 0)
-        b = tl.load(x + n[:, None] * x_batch_stride + in_channel[None, :] * x_channel_stride
-                    + h * x_height_stride + v * x_width_stride, mask=ok, other=0.0)
+        top = p * stride_height - pad_top
+        left = q * stride_width - pad_left
+        h = top[:, None] + tap_rows[None, :]
+        v = left[:, None] + tap_cols[None, :]
+        ok = (h >= 0) & (h < in_height) & (v >= 0) & (v < in_width) & pixel_mask[:, None] & entry_mask[None, :]
+        x_pixel = n * x_batch_stride + top.to(tl.int64) * x_height_stride + left.to(tl.int64) * x_width_stride
+        b = tl.load(x_entry[None, :] + x_pixel[:, None], mask=ok, other=0.0)
         acc = dot(acc, a, b, DOT)
-    dw_pointer = (dw + out_channel[:, None] * dw_out_channel_stride + c[None, :] * dw_in_channel_stride
-                  + i[None, :] * dw_height_stride + j[None, :] * dw_width_stride)
+    dw_pointer = (dw + split * dw_split_stride + out_channel[:, None] * dw_out_channel_stride
+                  + c[None, :] * dw_in_channel_stride + i[None, :] * dw_height_stride + j[None, :] * dw_width_stride)
     tl.store(dw_pointer, store_value(acc, dw.dtype.element_ty, INTERP),
              mask=channel_mask[:, None] & entry_mask[None, :])
 
@@ -267,63 +308,114 @@ def _act_grad_kernel(g, y, gz, partial_sums, channels, image_pixels, out_width, 
 
 
 @triton.jit
-def _sum_splits_kernel(partial_sums, db, num_splits, channels, COMPUTE_TYPE: tl.constexpr, INTERP: tl.constexpr,
-                       BLOCK_SIZE_SPLITS: tl.constexpr, BLOCK_SIZE_CHANNELS: tl.constexpr):
-    """db[o] = sum_{s < num_splits} partial_sums[s, o] (partial_sums dense (num_splits, channels))."""
-    channel = tl.program_id(0).to(tl.int64) * BLOCK_SIZE_CHANNELS + tl.arange(0, BLOCK_SIZE_CHANNELS)
-    channel_mask = channel < channels
-    acc = tl.zeros((BLOCK_SIZE_SPLITS, BLOCK_SIZE_CHANNELS), dtype=COMPUTE_TYPE)
+def _sum_splits_kernel(partial_sums, total, num_splits, size, COMPUTE_TYPE: tl.constexpr, INTERP: tl.constexpr,
+                       BLOCK_SIZE_SPLITS: tl.constexpr, BLOCK_SIZE_COLUMNS: tl.constexpr):
+    """total[k] = sum_{s < num_splits} partial_sums[s, k] for k < size (partial_sums dense
+    (num_splits, size), total dense): the second pass of the split sums, bias and weight gradients."""
+    column = tl.program_id(0).to(tl.int64) * BLOCK_SIZE_COLUMNS + tl.arange(0, BLOCK_SIZE_COLUMNS)
+    column_mask = column < size
+    acc = tl.zeros((BLOCK_SIZE_SPLITS, BLOCK_SIZE_COLUMNS), dtype=COMPUTE_TYPE)
     for s0 in range(0, num_splits, BLOCK_SIZE_SPLITS):
         split = s0 + tl.arange(0, BLOCK_SIZE_SPLITS)
-        acc += tl.load(partial_sums + split[:, None] * channels + channel[None, :],
-                       mask=(split < num_splits)[:, None] & channel_mask[None, :], other=0.0).to(COMPUTE_TYPE)
-    tl.store(db + channel, store_value(tl.sum(acc, axis=0), db.dtype.element_ty, INTERP), mask=channel_mask)
+        acc += tl.load(partial_sums + split[:, None] * size + column[None, :],
+                       mask=(split < num_splits)[:, None] & column_mask[None, :], other=0.0).to(COMPUTE_TYPE)
+    tl.store(total + column, store_value(tl.sum(acc, axis=0), total.dtype.element_ty, INTERP), mask=column_mask)
 
 
 # --- launch helpers ---------------------------------------------------------------------------
+
+#: programs a launch aims at: twice the SMs of an H100 SXM (132; an A100 has 108), with
+#: 8-warp programs 16 warps on each SM, enough to keep its FMA pipes busy
+TARGET_PROGRAMS = 2 * 132
+#: the fewest pixels one split of a weight gradient sums
+MIN_PIXELS_PER_SPLIT = 32
+
+# GPU tiles by dot kind, ((block sizes), num_warps, num_stages): among the tiles that compile
+# without a register spill for sm_90 and for sm_80 (every specialization of the UNet training
+# steps, float32, 16-bit and float64), those with the most multiply-adds per instruction in the
+# hot loop. The entry None: float32 (FFMA, also mixed 16-bit/float32 operands, and TF32).
+#: _gather_conv_kernel: (BLOCK_SIZE_PIXELS, BLOCK_SIZE_CHANNELS, BLOCK_SIZE_REDUCTION), the
+#: first tile that makes TARGET_PROGRAMS programs, else the last (smaller) one
+_GATHER_TILES = {DOT_NATIVE.value: [((128, 64, 32), 8, 3), ((64, 32, 32), 4, 3)],
+                 DOT_FP64.value: [((32, 16, 16), 8, 2)],
+                 None: [((64, 64, 16), 8, 1), ((64, 32, 16), 4, 1)]}
+#: _weight_grad_kernel: (BLOCK_SIZE_CHANNELS, BLOCK_SIZE_ENTRIES, BLOCK_SIZE_PIXELS); split-K
+#: makes the programs
+_WEIGHT_GRAD_TILES = {DOT_NATIVE.value: ((64, 64, 32), 8, 3), DOT_FP64.value: ((32, 16, 16), 4, 3),
+                      None: ((64, 64, 16), 8, 2)}
+
 
 def _p2(n):
     return launch.next_pow2(max(int(n), 1))
 
 
-def _tiles(M, N, K, dtype):
-    """(BM, BN, BK) by hand for an M x N output tile reduced over K: at least
-    16 each (tl.dot's minimum); big tiles in the interpreter (it pays per
-    program), small for float64 (whose product tile is materialised)."""
-    if launch.INTERPRET:
-        bm, bn = max(16, min(_p2(M), 512)), max(16, min(_p2(N), 64))
-        cap = (1 << 18) if dtype == torch.float64 else (1 << 21)
-        bk = max(16, min(_p2(K), 256, cap // (bm * bn)))
-        return bm, bn, bk
-    if dtype == torch.float64:
-        return 32, 16, 16
-    return 64, 32, 32
+def _pixel_index_type(num_pixels, block):
+    """The Triton integer type of pixel indices: int32 where every index (and
+    a block's overhang) fits, which keeps the per-pixel division cheap; int64 beyond."""
+    return tl.int32 if num_pixels + block < 2 ** 31 else tl.int64
+
+
+def _gather_gpu_tiles(kind, num_pixels, channels, grid_z):
+    """(block sizes, launch options) of _gather_conv_kernel on a GPU for dot
+    kind ``kind``: the first of ``_GATHER_TILES`` with TARGET_PROGRAMS programs, else the last."""
+    for blocks, warps, stages in _GATHER_TILES.get(kind, _GATHER_TILES[None]):
+        if launch.cdiv(num_pixels, blocks[0]) * launch.cdiv(channels, blocks[1]) * grid_z >= TARGET_PROGRAMS:
+            break
+    return blocks, dict(num_warps=warps, num_stages=stages)
+
+
+def _interpreter_tiles(M, N, K, dtype, n_cap=64, k_cap=256):
+    """(BM, BN, BK) for an M x N output tile reduced over K in the
+    interpreter, which pays per program and per loop step: as big as NumPy
+    handles well (the product tile of float64 is materialised), at least 16
+    each (tl.dot's minimum)."""
+    bm, bn = max(16, min(_p2(M), 512)), max(16, min(_p2(N), n_cap))
+    cap = (1 << 18) if dtype == torch.float64 else (1 << 21)
+    return bm, bn, max(16, min(_p2(K), k_cap, cap // (bm * bn)))
 
 
 def _gather_conv(x, w, y, spec, reduce_channels, out_channels_per_group, w_strides, transposed,
                  bias=None, activation=ACT_IDENTITY.value):
     """y from x by _gather_conv_kernel with the spec's attributes; ``w_strides``
-    (group, output channel, reduced channel) say how the kernel reads w."""
+    (group, output channel, reduced channel) say how the kernel reads w. A
+    transposed conv runs its output pixels by phase (p mod stride, q mod stride)."""
     N, _, H, W = x.shape
     _, _, HO, WO = y.shape
     kh, kw = spec.kernel_size
-    NP = N * HO * WO
-    if NP == 0 or out_channels_per_group == 0:
+    if N * HO * WO == 0 or out_channels_per_group == 0:
         return y
-    bp, bc, bk = _tiles(NP, out_channels_per_group, reduce_channels * kh * kw, x.dtype)
-    grid = (launch.cdiv(NP, bp), launch.cdiv(out_channels_per_group, bc), spec.groups)
     (sh, sw), (pt, _, pl, _), (dh, dw) = spec.stride, spec.padding, spec.dilation
+    phase_rows, phase_cols = (sh, sw) if transposed else (1, 1)
+    NP = N * launch.cdiv(HO, phase_rows) * launch.cdiv(WO, phase_cols)     # pixels of the largest phase
+    kind = dot_kind(x.dtype, w.dtype)
+    if launch.INTERPRET:
+        (bp, bc, bk), options = _interpreter_tiles(NP, out_channels_per_group, reduce_channels, x.dtype), {}
+    else:
+        (bp, bc, bk), options = _gather_gpu_tiles(kind, NP, out_channels_per_group,
+                                                  spec.groups * phase_rows * phase_cols)
+    grid = (launch.cdiv(NP, bp), launch.cdiv(out_channels_per_group, bc), spec.groups * phase_rows * phase_cols)
     has_bias = bias is not None
     launch.launch(_gather_conv_kernel, grid, x, w, y, bias if has_bias else y,
                   bias.stride(0) if has_bias else 0,
-                  H, W, HO, WO, NP, reduce_channels, out_channels_per_group,
+                  H, W, HO, WO, N, reduce_channels, out_channels_per_group, phase_rows, phase_cols,
                   *x.stride(), *w_strides, w.stride(2), w.stride(3), *y.stride(),
                   sh, sw, pt, pl, dh, dw,
                   KERNEL_HEIGHT=kh, KERNEL_WIDTH=kw, TRANSPOSED=transposed,
+                  PIXEL_INDEX_TYPE=_pixel_index_type(NP, bp),
                   BLOCK_SIZE_PIXELS=bp, BLOCK_SIZE_CHANNELS=bc, BLOCK_SIZE_REDUCTION=bk,
-                  DOT=dot_kind(x.dtype, w.dtype), INTERP=launch.INTERPRET,
-                  HAS_BIAS=has_bias, ACTIVATION=activation)
+                  DOT=kind, INTERP=launch.INTERPRET, HAS_BIAS=has_bias, ACTIVATION=activation, **options)
     return y
+
+
+def _sum_splits(partial_sums, total):
+    """total[k] = sum_s partial_sums[s, k] by _sum_splits_kernel (both dense;
+    summed in the partial sums' type, rounded once to total's dtype)."""
+    num_splits, size = partial_sums.shape
+    block = 64
+    launch.launch(_sum_splits_kernel, (launch.cdiv(size, block),), partial_sums, total, num_splits, size,
+                  COMPUTE_TYPE=numerics.compute_type(partial_sums.dtype), INTERP=launch.INTERPRET,
+                  BLOCK_SIZE_SPLITS=16, BLOCK_SIZE_COLUMNS=block)
+    return total
 
 
 def _check_floating(x):
@@ -357,8 +449,20 @@ def _conv2d_input_grad(g, w, spec, dtype):
     return _gather_conv(g, w, dx, spec, Cout, Cg, (Cout * w.stride(0), w.stride(1), w.stride(0)), transposed=True)
 
 
+def _weight_grad_splits(programs, num_pixels):
+    """How many pixel ranges (splits) a weight gradient of ``programs`` tiles
+    sums separately: enough that the launch has TARGET_PROGRAMS programs,
+    each split at least MIN_PIXELS_PER_SPLIT pixels; one in the interpreter
+    (which pays per program)."""
+    if launch.INTERPRET or programs >= TARGET_PROGRAMS:
+        return 1
+    return max(1, min(launch.cdiv(TARGET_PROGRAMS, programs), num_pixels // MIN_PIXELS_PER_SPLIT))
+
+
 def _conv2d_weight_grad(x, g, spec, dtype):
-    """The spec's conv2d weight gradient into a new dense tensor of the spec's weight shape."""
+    """The spec's conv2d weight gradient into a new dense tensor of the spec's
+    weight shape: _weight_grad_kernel, split over the pixels into float32
+    (float64) partial sums and _sum_splits when it has few tiles."""
     O, Cg, kh, kw = spec.w_shape
     N, _, H, W = x.shape
     _, _, HO, WO = g.shape
@@ -370,17 +474,28 @@ def _conv2d_weight_grad(x, g, spec, dtype):
         return copy.full(spec.w_shape, 0.0, dtype, x.device)
     OG = spec.out_channels_per_group
     Q = Cg * kh * kw
-    bo, bq, bm = _tiles(OG, Q, NM, x.dtype)
+    kind = dot_kind(x.dtype, g.dtype)
     if launch.INTERPRET:
-        bo, bq = max(16, min(_p2(OG), 64)), max(16, min(_p2(Q), 128))
-        cap = (1 << 18) if x.dtype == torch.float64 else (1 << 21)
-        bm = max(16, min(_p2(NM), 1024, cap // (bo * bq)))
+        (bo, bq, bm), options = _interpreter_tiles(OG, Q, NM, x.dtype, n_cap=128, k_cap=1024), {}
+    else:
+        (bo, bq, bm), warps, stages = _WEIGHT_GRAD_TILES.get(kind, _WEIGHT_GRAD_TILES[None])
+        options = dict(num_warps=warps, num_stages=stages)
+    tiles = (launch.cdiv(OG, bo), launch.cdiv(Q, bq))
+    splits = _weight_grad_splits(tiles[0] * tiles[1] * spec.groups, NM)
+    if splits == 1:
+        partial_sums = dw.unsqueeze(0)
+    else:
+        acc_dtype = torch.float64 if kind == DOT_FP64.value else torch.float32
+        partial_sums = launch.empty((splits,) + tuple(spec.w_shape), acc_dtype, x.device)
     (sh, sw), (pt, _, pl, _), (dh, dwl) = spec.stride, spec.padding, spec.dilation
-    grid = (launch.cdiv(OG, bo), launch.cdiv(Q, bq), spec.groups)
-    launch.launch(_weight_grad_kernel, grid, x, g, dw, H, W, HO, WO, NM, Cg, OG,
-                  *x.stride(), *g.stride(), *dw.stride(), sh, sw, pt, pl, dh, dwl,
-                  KERNEL_HEIGHT=kh, KERNEL_WIDTH=kw, BLOCK_SIZE_CHANNELS=bo, BLOCK_SIZE_ENTRIES=bq,
-                  BLOCK_SIZE_PIXELS=bm, DOT=dot_kind(x.dtype, g.dtype), INTERP=launch.INTERPRET)
+    launch.launch(_weight_grad_kernel, tiles + (spec.groups * splits,), x, g, partial_sums,
+                  H, W, HO, WO, NM, splits, spec.groups, Cg, OG,
+                  *x.stride(), *g.stride(), *partial_sums.stride(), sh, sw, pt, pl, dh, dwl,
+                  KERNEL_HEIGHT=kh, KERNEL_WIDTH=kw, PIXEL_INDEX_TYPE=_pixel_index_type(NM, bm),
+                  BLOCK_SIZE_CHANNELS=bo, BLOCK_SIZE_ENTRIES=bq, BLOCK_SIZE_PIXELS=bm, DOT=kind,
+                  INTERP=launch.INTERPRET, **options)
+    if splits > 1:
+        _sum_splits(partial_sums.view(splits, -1), dw.view(-1))
     return dw
 
 
@@ -465,9 +580,7 @@ def _act_grad_and_bias_grad(grad, out, b, activation):
                   chunk, *grad.stride(), *out.stride(), ACTIVATION=activation, STORE_GZ=store, COMPUTE_TYPE=ct,
                   INTERP=launch.INTERPRET, BLOCK_SIZE_CHANNELS=bo, BLOCK_SIZE_PIXELS=bm)
     if splits > 1:
-        bo2 = 64
-        launch.launch(_sum_splits_kernel, (launch.cdiv(O, bo2),), part, db, splits, O, COMPUTE_TYPE=ct,
-                      INTERP=launch.INTERPRET, BLOCK_SIZE_SPLITS=16, BLOCK_SIZE_CHANNELS=bo2)
+        _sum_splits(part, db)
     return gz, db
 
 
