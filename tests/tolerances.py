@@ -85,6 +85,19 @@ TOLERANCES = {
     "float16": Tolerance(rtol=2.0 ** -10, compute_u=2.0 ** -24, ratio=True),
     # bfloat16: the same reasoning with u_bf16 = 2^-8: 2^-7 = 2 u_bf16 ~ 7.8e-3.
     "bfloat16": Tolerance(rtol=2.0 ** -7, compute_u=2.0 ** -24, ratio=True),
+    # tf32: not a storage dtype but float32 dots under set_matmul_precision("tf32")
+    # (matmul, conv; tests/test_matmul_precision.py). The tensor cores read each
+    # float32 operand's top 19 bits (mma/wgmma .tf32 drop the low 13 and Triton
+    # does not round first): a truncation, relative error < 2^-10 (rounding to
+    # nearest would give u = 2^-11). A product of two such operands is off by
+    # < 2 * 2^-10 = 2^-9 relative, so a dot by < 2^-9 sum_k |a_k b_k|, which is
+    # the magnitude floor of these multilinear primitives: 2^-9 bounds the
+    # normwise error, and the accumulation loosener (compute_u = u_32) covers
+    # the float32 sums and the output's rounding. The bound is the worst case
+    # (every dropped bit a one); truncation shrinks every product, by about
+    # 2^-10 on average, so a sum of terms of one sign comes out about half the
+    # bound low. No ratio test: torch on the CPU has no TF32 to compare with.
+    "tf32": Tolerance(rtol=2.0 ** -9, compute_u=2.0 ** -24, ratio=False),
 }
 
 #: the factor by which a kernel may exceed torch's error in

@@ -36,6 +36,7 @@ from .layers import *  # noqa: E402,F401,F403  (every layer: triflux.layers.__al
 from .data import DataLoader  # noqa: E402
 from .memory import memory_status, MemoryStatus  # noqa: E402
 from .precision import f32, f64, f16, bf16  # noqa: E402
+from .matmul_precision import set_matmul_precision, get_matmul_precision  # noqa: E402
 from .modes import trainmode, testmode  # noqa: E402
 from . import losses, optimise, persistence  # noqa: E402
 from .losses import onehotbatch, onecold  # noqa: E402

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triflux.matmul_precision import get_matmul_precision
+
 from . import launch
 
 
@@ -158,7 +160,7 @@ def sigmoid(x):
 
 # --- the dot product ----------------------------------------------------------------------
 # Kernels that multiply blocks take a constexpr ``DOT`` that says how (one of the
-# three kinds below, chosen on the host by ``dot_kind``).
+# four kinds below, chosen on the host by ``dot_kind``).
 
 #: 16-bit operands on a GPU: tl.dot in their own type with a float32 accumulator (tensor cores)
 DOT_NATIVE = tl.constexpr(0)
@@ -167,15 +169,24 @@ DOT_NATIVE = tl.constexpr(0)
 DOT_IEEE_FP32 = tl.constexpr(1)
 #: float64: products and sums in float64 (tl.dot has no float64 form on GPUs)
 DOT_FP64 = tl.constexpr(2)
+#: float32 operands under set_matmul_precision("tf32"): tl.dot with
+#: input_precision="tf32", tensor cores that drop each operand's low 13 bits, float32 sums
+#: (the interpreter ignores input_precision: exact float32 products there)
+DOT_TF32 = tl.constexpr(3)
 
 
 def dot_kind(*dtypes):
     """The ``DOT`` kind for operands of torch dtypes ``dtypes``: float64 if any
-    is float64, native 16-bit when all are the same 16-bit type on a GPU,
-    IEEE float32 otherwise (mixed float32/16-bit operands compute in float32)."""
+    is float64; with a float32 operand IEEE float32, or TF32 when
+    ``get_matmul_precision()`` is "tf32" (in the interpreter too, which then
+    computes exact float32 products); native 16-bit when all are the same
+    16-bit type on a GPU; IEEE float32 for mixed 16-bit types and for 16-bit
+    ones in the interpreter."""
     if torch.float64 in dtypes:
         return DOT_FP64.value
-    if launch.INTERPRET or torch.float32 in dtypes or len(set(dtypes)) > 1:
+    if torch.float32 in dtypes:
+        return DOT_TF32.value if get_matmul_precision() == "tf32" else DOT_IEEE_FP32.value
+    if launch.INTERPRET or len(set(dtypes)) > 1:
         return DOT_IEEE_FP32.value
     return DOT_NATIVE.value
 
@@ -184,13 +195,15 @@ def dot_kind(*dtypes):
 def dot(acc, a, b, DOT: tl.constexpr):
     """``acc + a @ b`` for blocks ``a`` (M, K) and ``b`` (K, N), or stacks of
     them (B, M, K) and (B, K, N), computed as ``DOT`` says (float32 ``acc``
-    for the native and float32 kinds, float64 for DOT_FP64: the products
+    for the native, float32 and TF32 kinds, float64 for DOT_FP64: the products
     a[..., m, k] b[..., k, n] summed over k)."""
     if DOT == DOT_FP64:
         products = tl.expand_dims(a.to(tl.float64), len(a.shape)) * tl.expand_dims(b.to(tl.float64), len(b.shape) - 2)
         acc += tl.sum(products, axis=len(a.shape) - 1)
     elif DOT == DOT_IEEE_FP32:
         acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif DOT == DOT_TF32:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="tf32")
     else:
         acc = tl.dot(a, b, acc, out_dtype=tl.float32)
     return acc
