@@ -44,10 +44,11 @@ def common_device(opname, tensors):
     return dev
 
 
-def apply(prim, inputs, attrs, opname=None, record=True):
+def apply(prim, inputs, attrs, opname=None, record=True, device=None):
     """Run primitive ``prim`` on Tensors ``inputs`` on their (common) device,
-    recording it for ``gradient`` unless ``record`` is false."""
-    dev = common_device(opname or prim.name, inputs)
+    recording it for ``gradient`` unless ``record`` is false; ``device``: the
+    inputs' device where the caller has checked it already."""
+    dev = common_device(opname or prim.name, inputs) if device is None else device
     out = Tensor._make(implementation(prim, dev)(*[t._data for t in inputs], **attrs), dev)
     recording = tape.TAPE
     if recording is not None and record:

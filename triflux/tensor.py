@@ -58,7 +58,11 @@ class Tensor:
 
     @property
     def dtype(self):
-        return _np_dtype_of(self._data)
+        data = self._data
+        if isinstance(data, np.ndarray):
+            return data.dtype
+        d = _TORCH_TO_NP.get(data.dtype)      # read on every op: the common case inline
+        return _np_dtype_of(data) if d is None else d
 
     @property
     def device(self):

@@ -1,5 +1,7 @@
 """Copy, cast and fill kernels: the device-side counterparts of
 ``np.copyto`` / ``astype`` / ``np.full`` (torch only allocates)."""
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
@@ -38,16 +40,25 @@ def copy_into(dst, src, src_strides=None, src_offset=0, dst_strides=None, dst_of
     ``src`` may broadcast to ``shape`` (stride 0).
     """
     shape = tuple(dst.shape) if shape is None else tuple(shape)
-    n = launch.numel(shape)
-    if n == 0:
-        return dst
     src_strides = broadcast_strides(src, shape) if src_strides is None else tuple(src_strides)
     dst_strides = tuple(dst.stride()) if dst_strides is None else tuple(dst_strides)
+    n, grid, args, block = _copy_plan(shape, src_strides, dst_strides)
+    if n:
+        launch.launch(_copy_kernel, grid, src, src_offset, dst, dst_offset, n, *args,
+                      INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block)
+    return dst
+
+
+@lru_cache(maxsize=4096)
+def _copy_plan(shape, src_strides, dst_strides):
+    """(elements, grid, merged sizes and strides, block size) of a copy over
+    ``shape``; cached, as it runs on every copy."""
+    n = launch.numel(shape)
+    if n == 0:
+        return 0, None, (), None
     sizes, (src_strides, dst_strides) = merge_dims(shape, src_strides, dst_strides)
     block = launch.block_for(n)
-    launch.launch(_copy_kernel, (launch.cdiv(n, block),), src, src_offset, dst, dst_offset, n,
-                  *sizes[1:], *src_strides, *dst_strides, INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block)
-    return dst
+    return n, (launch.cdiv(n, block),), (*sizes[1:], *src_strides, *dst_strides), block
 
 
 def contiguous(t):

@@ -32,6 +32,9 @@ which gives NaN; at NaN relu's gradient is g and leakyrelu's g slope, as
 torch's, elu's NaN).
 """
 
+from functools import lru_cache
+from typing import NamedTuple
+
 import numpy as np
 import torch
 import triton
@@ -115,30 +118,31 @@ def _compute_type(dtype):
     return tl.int32  # int8/16/32, uint8, bool
 
 
-def _check_unary_dtype(x, name):
-    if x.dtype in _FLOATS:
+def _check_unary_dtype(dtype, name):
+    if dtype in _FLOATS:
         return
-    if name not in _INTEGER_UNARY or (x.dtype == torch.bool and name == "neg"):
-        raise DTypeError(f"`{name}` is not defined for {x.dtype} inputs on the GPU path; "
+    if name not in _INTEGER_UNARY or (dtype == torch.bool and name == "neg"):
+        raise DTypeError(f"`{name}` is not defined for {dtype} inputs on the GPU path; "
                          "cast to a floating dtype first (e.g. `x.astype(float32)`)")
 
 
-def _check_binary_dtypes(a, b, name):
-    if a.dtype != b.dtype:
-        raise DTypeError(f"`{name}` got inputs of different dtypes ({a.dtype} and {b.dtype}); "
+def _check_binary_dtypes(dtype_a, dtype_b, name):
+    if dtype_a != dtype_b:
+        raise DTypeError(f"`{name}` got inputs of different dtypes ({dtype_a} and {dtype_b}); "
                          "the ops layer casts them to one dtype before calling the kernel")
-    if a.dtype in _FLOATS:
+    if dtype_a in _FLOATS:
         return
-    if name not in _INTEGER_BINARY or (a.dtype == torch.bool and name == "sub"):
-        raise DTypeError(f"`{name}` is not defined for {a.dtype} inputs on the GPU path; "
+    if name not in _INTEGER_BINARY or (dtype_a == torch.bool and name == "sub"):
+        raise DTypeError(f"`{name}` is not defined for {dtype_a} inputs on the GPU path; "
                          "cast to a floating dtype first")
 
 
-def _broadcast_shape(*tensors):
+@lru_cache(maxsize=4096)
+def _broadcast_shape(*shapes):
     try:
-        return tuple(np.broadcast_shapes(*[tuple(t.shape) for t in tensors]))
+        return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
     except ValueError:
-        shapes = " and ".join(str(tuple(t.shape)) for t in tensors)
+        shapes = " and ".join(str(tuple(s)) for s in shapes)
         raise ShapeError(f"shapes {shapes} do not broadcast together (NumPy rules: trailing "
                          "dimensions must be equal or 1)") from None
 
@@ -465,48 +469,63 @@ def _binary_bwd_kernel(grad_pointer, a_pointer, b_pointer, grad_a_pointer, grad_
 
 # --- launchers ----------------------------------------------------------------------------------
 
-def _merged_strides(tensors, shape):
-    """Merged shape and per-tensor strides for reading ``tensors`` (broadcast)
-    at ``shape``; dense row-major outputs index by the linear position."""
-    sets = [indexing.broadcast_strides(t, shape) for t in tensors]
-    return indexing.merge_dims(shape, *sets)
+# Each launcher's host side depends only on its inputs' dtypes and layouts (shape, strides):
+# a cached plan holds the output shape, the grid, the size and stride arguments and the constexprs.
+
+class _Plan(NamedTuple):
+    shape: tuple        # of the output
+    n: int              # elements of the output
+    grid: tuple
+    args: tuple         # merged sizes and strides (indexing.strided_layout)
+    meta: dict          # the constexprs
+
+
+def _plan(shape, layouts, dense_names, **meta):
+    """The plan of a launch over ``shape`` reading ``layouts``: ``meta`` and
+    the DENSE flags (named ``dense_names``, one per layout) are its constexprs."""
+    n = launch.numel(shape)
+    if n == 0:
+        return _Plan(shape, 0, (0,), (), {})
+    args, dense = indexing.strided_layout(shape, layouts)
+    block = launch.block_for(n)
+    return _Plan(shape, n, (launch.cdiv(n, block),), args,
+                 dict(meta, **dict(zip(dense_names, dense)), INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block))
+
+
+@lru_cache(maxsize=4096)
+def _unary_plan(name, dtype, x_layout):
+    _check_unary_dtype(dtype, name)
+    shape = tuple(x_layout[0])
+    return _plan(shape, (x_layout,), ("X_DENSE",), OP=UNARY_OPS[name].value,
+                 COMPUTE_TYPE=_compute_type(dtype))
 
 
 def _launch_unary(x, name, out_dtype, param=0.0):
     """f(x) for the unary primitive ``name``, in a new tensor of ``out_dtype``."""
-    _check_unary_dtype(x, name)
-    out = launch.empty(x.shape, out_dtype, x.device)
-    n = out.numel()
-    if n == 0:
-        return out
-    sizes, (x_strides,) = _merged_strides([x], tuple(x.shape))
-    block = launch.block_for(n)
-    launch.launch(_unary_kernel, (launch.cdiv(n, block),), x, out, n, float(param),
-                  *sizes[1:], *x_strides, OP=UNARY_OPS[name].value,
-                  COMPUTE_TYPE=_compute_type(x.dtype), X_DENSE=indexing.dense_strides(sizes, x_strides),
-                  INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block)
+    plan = _unary_plan(name, x.dtype, indexing.layout(x))
+    out = launch.empty(plan.shape, out_dtype, x.device)
+    if plan.n:
+        launch.launch(_unary_kernel, plan.grid, x, out, plan.n, float(param), *plan.args, **plan.meta)
     return out
+
+
+@lru_cache(maxsize=4096)
+def _unary_bwd_plan(name, dtype, layouts, use_y):
+    return _plan(tuple(layouts[1][0]), layouts, ("GRAD_DENSE", "X_DENSE", "Y_DENSE"),
+                 OP=UNARY_OPS[name].value, COMPUTE_TYPE=_compute_type(dtype), USE_Y=use_y)
 
 
 def _launch_unary_bwd(grad, x, y, name, param=0.0):
     """g f'(x) for the unary primitive ``name`` (``y = f(x)`` or ``None``)."""
     if x.dtype not in _FLOATS:
         return None
-    out = launch.empty(x.shape, x.dtype, x.device)
-    n = out.numel()
-    if n == 0:
-        return out
-    shape = tuple(x.shape)
     use_y = y is not None
-    sizes, (grad_strides, x_strides, y_strides) = _merged_strides([grad, x, y if use_y else x], shape)
-    block = launch.block_for(n)
-    launch.launch(_unary_bwd_kernel, (launch.cdiv(n, block),), grad, x, y if use_y else x,
-                  out, n, float(param), *sizes[1:], *grad_strides, *x_strides, *y_strides,
-                  OP=UNARY_OPS[name].value, COMPUTE_TYPE=_compute_type(x.dtype), USE_Y=use_y,
-                  GRAD_DENSE=indexing.dense_strides(sizes, grad_strides),
-                  X_DENSE=indexing.dense_strides(sizes, x_strides),
-                  Y_DENSE=indexing.dense_strides(sizes, y_strides),
-                  INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block)
+    y = y if use_y else x
+    plan = _unary_bwd_plan(name, x.dtype, (indexing.layout(grad), indexing.layout(x), indexing.layout(y)), use_y)
+    out = launch.empty(plan.shape, x.dtype, x.device)
+    if plan.n:
+        launch.launch(_unary_bwd_kernel, plan.grid, grad, x, y, out, plan.n, float(param), *plan.args,
+                      **plan.meta)
     return out
 
 
@@ -514,30 +533,26 @@ def _pow_type(dtype):
     return tl.float64 if dtype in (torch.float32, torch.float64) else tl.float32
 
 
+@lru_cache(maxsize=4096)
+def _binary_plan(name, dtype_a, dtype_b, layouts):
+    """``layouts``: of a, b and the condition (``where``) or a again."""
+    _check_binary_dtypes(dtype_a, dtype_b, name)
+    if name == "where":
+        shape = _broadcast_shape(layouts[2][0], layouts[0][0], layouts[1][0])
+    else:
+        shape = _broadcast_shape(layouts[0][0], layouts[1][0])
+    return _plan(shape, layouts, ("A_DENSE", "B_DENSE", "CONDITION_DENSE"), OP=BINARY_OPS[name].value,
+                 COMPUTE_TYPE=_compute_type(dtype_a), POW_TYPE=_pow_type(dtype_a))
+
+
 def _launch_binary(a, b, name, cond=None):
     """f(a, b) for the binary primitive ``name`` (broadcasting), or
     ``where(cond, a, b)``."""
-    _check_binary_dtypes(a, b, name)
-    if name == "where":
-        shape = _broadcast_shape(cond, a, b)
-        tensors = [a, b, cond]
-    else:
-        shape = _broadcast_shape(a, b)
-        tensors = [a, b, a]
-    out_dtype = torch.bool if name in _COMPARISONS else a.dtype
-    out = launch.empty(shape, out_dtype, a.device)
-    n = out.numel()
-    if n == 0:
-        return out
-    sizes, (a_strides, b_strides, cond_strides) = _merged_strides(tensors, shape)
-    block = launch.block_for(n)
-    launch.launch(_binary_kernel, (launch.cdiv(n, block),), tensors[0], tensors[1], tensors[2],
-                  out, n, *sizes[1:], *a_strides, *b_strides, *cond_strides,
-                  OP=BINARY_OPS[name].value, COMPUTE_TYPE=_compute_type(a.dtype),
-                  POW_TYPE=_pow_type(a.dtype), A_DENSE=indexing.dense_strides(sizes, a_strides),
-                  B_DENSE=indexing.dense_strides(sizes, b_strides),
-                  CONDITION_DENSE=indexing.dense_strides(sizes, cond_strides),
-                  INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block)
+    c = a if cond is None else cond
+    plan = _binary_plan(name, a.dtype, b.dtype, (indexing.layout(a), indexing.layout(b), indexing.layout(c)))
+    out = launch.empty(plan.shape, torch.bool if name in _COMPARISONS else a.dtype, a.device)
+    if plan.n:
+        launch.launch(_binary_kernel, plan.grid, a, b, c, out, plan.n, *plan.args, **plan.meta)
     return out
 
 
@@ -552,25 +567,23 @@ def _grads_at(shape, dtype, in_shapes, device):
 def _binary_bwd(grad, x0, x1, name, in_shapes, dtype):
     """The gradients of the binary primitive ``name`` with respect to its two
     inputs (of ``in_shapes``), summed back to those shapes."""
-    shape = tuple(grad.shape)
-    ga, gb = _grads_at(shape, dtype, in_shapes, grad.device)
-    n = launch.numel(shape)
-    if n:
-        sizes, (grad_strides, a_strides, b_strides) = _merged_strides([grad, x0, x1], shape)
-        block = launch.block_for(n)
-        launch.launch(_binary_bwd_kernel, (launch.cdiv(n, block),), grad, x0, x1, ga, gb, n,
-                      *sizes[1:], *grad_strides, *a_strides, *b_strides,
-                      OP=BINARY_OPS[name].value, COMPUTE_TYPE=_compute_type(dtype),
-                      POW_TYPE=_pow_type(dtype), GRAD_DENSE=indexing.dense_strides(sizes, grad_strides),
-                      A_DENSE=indexing.dense_strides(sizes, a_strides),
-                      B_DENSE=indexing.dense_strides(sizes, b_strides),
-                      INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block)
+    plan = _binary_bwd_plan(name, dtype, (indexing.layout(grad), indexing.layout(x0), indexing.layout(x1)))
+    ga, gb = _grads_at(plan.shape, dtype, in_shapes, grad.device)
+    if plan.n:
+        launch.launch(_binary_bwd_kernel, plan.grid, grad, x0, x1, ga, gb, plan.n, *plan.args, **plan.meta)
     return unbroadcast(ga, in_shapes[0], dtype), unbroadcast(gb, in_shapes[1], dtype)
+
+
+@lru_cache(maxsize=4096)
+def _binary_bwd_plan(name, dtype, layouts):
+    """``layouts``: of the gradient (at the broadcast shape), a and b."""
+    return _plan(tuple(layouts[0][0]), layouts, ("GRAD_DENSE", "A_DENSE", "B_DENSE"),
+                 OP=BINARY_OPS[name].value, COMPUTE_TYPE=_compute_type(dtype), POW_TYPE=_pow_type(dtype))
 
 
 def _full_grad(grad, a, b):
     """``grad`` at the broadcast shape of the forward (it has that shape)."""
-    shape = _broadcast_shape(a, b)
+    shape = _broadcast_shape(a.shape, b.shape)
     if tuple(grad.shape) != shape:
         raise ShapeError(f"gradient of shape {tuple(grad.shape)} does not match the output "
                          f"shape {shape}")
@@ -864,7 +877,7 @@ def where_backward(grad, out, cond, a, b):
     """dcond: none; da = unbroadcast(g [cond]); db = unbroadcast(g [not cond])"""
     if a.dtype not in _FLOATS:
         return None, None, None
-    shape = _broadcast_shape(cond, a, b)
+    shape = _broadcast_shape(cond.shape, a.shape, b.shape)
     if tuple(grad.shape) != shape:
         raise ShapeError(f"gradient of shape {tuple(grad.shape)} does not match the output "
                          f"shape {shape}")

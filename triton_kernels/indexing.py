@@ -3,6 +3,8 @@ dimensions merged until most tensors index as 1-d or 2-d, the test for a
 tensor that is read at the linear index itself, and the one strided-offset
 helper (``nd_offset``) that maps a row-major linear index to an element
 offset."""
+from functools import lru_cache
+
 import triton
 import triton.language as tl  # noqa: F401  (the interpreter looks for tl in a jit function's module)
 
@@ -12,10 +14,32 @@ MAX_DIMS = 6
 
 def broadcast_strides(t, out_shape):
     """Strides (in elements) that read ``t`` broadcast to ``out_shape``."""
-    nd = len(out_shape)
-    shape = (1,) * (nd - t.dim()) + tuple(t.shape)
-    strides = (0,) * (nd - t.dim()) + tuple(t.stride())
+    return _broadcast_strides(t.shape, t.stride(), tuple(out_shape))
+
+
+@lru_cache(maxsize=4096)
+def _broadcast_strides(shape, strides, out_shape):
+    pad = len(out_shape) - len(shape)
+    shape = (1,) * pad + tuple(shape)
+    strides = (0,) * pad + tuple(strides)
     return tuple(0 if (s == 1 and o != 1) else st for s, st, o in zip(shape, strides, out_shape))
+
+
+def layout(t):
+    """``t``'s (shape, strides): with its dtype, all that a launch's host side reads of a tensor."""
+    return t.shape, t.stride()
+
+
+@lru_cache(maxsize=4096)
+def strided_layout(shape, layouts):
+    """How a kernel reads tensors of ``layouts`` (a tuple of :func:`layout`)
+    broadcast at ``shape``: the merged sizes after the first (``nd_offset``'s
+    size1..size5), every tensor's merged strides (six each, one after the
+    other), and each tensor's ``DENSE`` flag (:func:`dense_strides`). Cached:
+    it runs on every launch, and a training step repeats a few hundred layouts."""
+    sizes, stride_sets = merge_dims(shape, *[_broadcast_strides(s, st, shape) for s, st in layouts])
+    return (tuple(sizes[1:]) + tuple(x for strides in stride_sets for x in strides),
+            tuple(dense_strides(sizes, strides) for strides in stride_sets))
 
 
 def merge_dims(shape, *stride_sets):

@@ -8,12 +8,15 @@ The backward pass calls the same kernel on transposed *views*
 ``unbroadcast``.
 
 The products are ``numerics.dot``'s, accumulated in float32 (float64 for
-float64). float32 dots use ``input_precision="ieee"`` (never TF32), so the GPU
-and the interpreter agree;
+float64). float32 dots use ``input_precision="ieee"``, so the GPU and the
+interpreter agree, unless ``set_matmul_precision("tf32")`` asks for TF32
+tensor cores (``numerics.DOT_TF32``);
 float16/bfloat16 feed ``tl.dot`` natively on the GPU and are upcast to
 float32 first in the interpreter (whose bfloat16 dot is broken); float64 has
 no ``tl.dot`` and uses an explicit multiply-and-sum over the K tile.
 """
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
@@ -113,17 +116,18 @@ def _matmul_kernel(a, b, c, M, N, K, batch_size,
     tl.store(c_ptrs, store_value(acc, c.dtype.element_ty, INTERP), mask=c_mask)
 
 
-def _batch_strides(t, batch):
-    """Strides of ``t``'s batch axes read broadcast to ``batch`` (0 where
-    broadcast)."""
-    nb = t.dim() - 2
+def _batch_strides(shape, strides, batch):
+    """Strides of the batch axes of a tensor of ``shape`` and ``strides``
+    read broadcast to ``batch`` (0 where broadcast)."""
+    nb = len(shape) - 2
     lead = len(batch) - nb
     out = [0] * lead
     for i in range(nb):
-        out.append(0 if t.shape[i] == 1 and batch[lead + i] != 1 else t.stride(i))
+        out.append(0 if shape[i] == 1 and batch[lead + i] != 1 else strides[i])
     return out
 
 
+@lru_cache(maxsize=1024)
 def _tiles(nbatch, M, N, K, dtype):
     """(BLOCK_SIZE_BATCH, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, num_warps)
     by hand: no autotuning (it would run every config in the interpreter). The
@@ -167,22 +171,34 @@ def matrix_product(a, b, out_dtype=None):
     folded = _fold_batch(a, b)
     if folded is not None:
         return matrix_product(folded, b, out_dtype).view(spec.out_shape)
-    batch, M, K, N = spec.batch, spec.m, spec.k, spec.n
-    if spec.batch_size == 0 or M == 0 or N == 0:
+    if spec.batch_size == 0 or spec.m == 0 or spec.n == 0:
         return launch.empty(spec.out_shape, out_dtype, a.device)
-    if K == 0:
+    if spec.k == 0:
         return copy.full(spec.out_shape, 0.0, out_dtype, a.device)
     c = launch.empty(spec.out_shape, out_dtype, a.device)
-    dims, (a_strides, b_strides, c_strides) = indexing.merge_dims(
-        batch, _batch_strides(a, batch), _batch_strides(b, batch), list(c.stride()[:-2]))
-    bb, bm, bn, bk, warps = _tiles(spec.batch_size, M, N, K, a.dtype)
-    grid = (launch.cdiv(spec.batch_size, bb) * launch.cdiv(M, bm) * launch.cdiv(N, bn),)
-    launch.launch(_matmul_kernel, grid, a, b, c, M, N, K, spec.batch_size, *dims[1:],
-                  *a_strides, *b_strides, *c_strides,
-                  a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1), c.stride(-2), c.stride(-1),
-                  BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, BLOCK_SIZE_BATCH=bb, GROUP_SIZE_M=8,
-                  DOT=numerics.dot_kind(a.dtype), INTERP=launch.INTERPRET, num_warps=warps)
+    grid, args, meta = _product_plan(spec, a.stride(), b.stride())
+    launch.launch(_matmul_kernel, grid, a, b, c, *args, **meta, DOT=numerics.dot_kind(a.dtype))
     return c
+
+
+@lru_cache(maxsize=4096)
+def _product_plan(spec, a_strides, b_strides):
+    """(grid, size and stride arguments, constexprs but DOT) of ``spec``'s
+    product of operands of ``a_strides`` and ``b_strides`` into a dense
+    result: they depend on nothing else, and a training step repeats a few."""
+    batch, M, K, N = spec.batch, spec.m, spec.k, spec.n
+    c_strides = [1] * len(spec.out_shape)
+    for i in range(len(c_strides) - 2, -1, -1):
+        c_strides[i] = c_strides[i + 1] * spec.out_shape[i + 1]
+    dims, (a_batch, b_batch, c_batch) = indexing.merge_dims(
+        batch, _batch_strides(spec.a_matrix, a_strides, batch), _batch_strides(spec.b_matrix, b_strides, batch),
+        c_strides[:-2])
+    bb, bm, bn, bk, warps = _tiles(spec.batch_size, M, N, K, spec.dtype)
+    grid = (launch.cdiv(spec.batch_size, bb) * launch.cdiv(M, bm) * launch.cdiv(N, bn),)
+    args = (M, N, K, spec.batch_size, *dims[1:], *a_batch, *b_batch, *c_batch,
+            a_strides[-2], a_strides[-1], b_strides[-2], b_strides[-1], c_strides[-2], c_strides[-1])
+    return grid, args, dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, BLOCK_SIZE_BATCH=bb, GROUP_SIZE_M=8,
+                            INTERP=launch.INTERPRET, num_warps=warps)
 
 
 def _check_floating(a):
@@ -198,7 +214,12 @@ def matmul_forward(a, b):
     """
     spec = matmul_spec(a.shape, b.shape, a.dtype, b.dtype)
     _check_floating(a)
-    return matrix_product(a.view(spec.a_matrix), b.view(spec.b_matrix)).view(spec.out_shape)
+    return _view(matrix_product(_view(a, spec.a_matrix), _view(b, spec.b_matrix)), spec.out_shape)
+
+
+def _view(t, shape):
+    """``t.view(shape)``, or ``t`` itself when it has that shape already (a view costs microseconds)."""
+    return t if t.shape == shape else t.view(shape)
 
 
 def _summed_grad(x, y, shape):

@@ -20,6 +20,8 @@ NaN, on a GPU too (:func:`numerics.max_along`). ``max`` backward gives each tied
 maximum an equal share of the gradient, and NaN to every entry of a row whose
 maximum is NaN (``torch.amax``).
 """
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
@@ -30,7 +32,8 @@ from triflux.specs.reduce import reduce_spec
 
 from . import copy, indexing, launch, numerics
 
-#: what a reduction computes (constexpr OP)
+#: what a reduction computes (constexpr OP); the host compares them with ``is``
+#: (``==`` on constexprs builds constexpr objects, slowly)
 REDUCE_SUM = tl.constexpr(0)
 REDUCE_MAX = tl.constexpr(1)
 #: count the entries equal to a per-row reference value (max's ties)
@@ -148,13 +151,15 @@ def _tiles(M, N, rstride, cstride):
 
 def _merged(sizes, strides):
     shape, (st,) = indexing.merge_dims(sizes, strides)
-    return shape, st
+    return tuple(shape), tuple(st)
 
 
-def _launch_reduce(x, reference_values, out, M, N, rshape, rst, cshape, cst, op, xt, acc, mean_denom,
-                   splits=None):
-    """Reduce the logical (M, N) matrix into ``out`` (dense, M entries)."""
-    bm, bn = _tiles(M, N, rst[-1], cst[-1])
+@lru_cache(maxsize=4096)
+def _reduce_grid(M, N, rstride, cstride, acc, splits):
+    """(BLOCK_SIZE_M, BLOCK_SIZE_N, programs along M, splits along N, the
+    columns of a split, LOWEST, IS_FLOAT, num_warps) of an (M, N) reduction
+    (``splits`` None: as many as fill the GPU)."""
+    bm, bn = _tiles(M, N, rstride, cstride)
     grid_m = launch.cdiv(M, bm)
     if splits is None:
         splits = 1
@@ -164,9 +169,26 @@ def _launch_reduce(x, reference_values, out, M, N, rshape, rst, cshape, cst, op,
     chunk = launch.cdiv(max(N, 1), splits)
     chunk = launch.cdiv(chunk, bn) * bn
     splits = launch.cdiv(max(N, 1), chunk)
-    lowest = _lowest(acc)
-    is_float = acc in (tl.float32, tl.float64)
     nw = max(1, min(8, (bm * bn) // 256))  # one warp per 256 tile elements, at most 8
+    return bm, bn, grid_m, splits, chunk, _lowest(acc), acc in (tl.float32, tl.float64), nw
+
+
+@lru_cache(maxsize=4096)
+def _reduce_layout(shape, strides, axes, kept):
+    """The merged (sizes, strides) of the kept axes (rows) and of the reduced
+    axes (columns) of a tensor of ``shape`` and ``strides``; None when either
+    side has more than six dimensions that do not merge."""
+    try:
+        return (_merged([shape[d] for d in kept], [strides[d] for d in kept])
+                + _merged([shape[d] for d in axes], [strides[d] for d in axes]))
+    except NotImplementedError:
+        return None
+
+
+def _launch_reduce(x, reference_values, out, M, N, rshape, rst, cshape, cst, op, xt, acc, mean_denom,
+                   splits=None):
+    """Reduce the logical (M, N) matrix into ``out`` (dense, M entries)."""
+    bm, bn, grid_m, splits, chunk, lowest, is_float, nw = _reduce_grid(M, N, rst[-1], cst[-1], acc, splits)
     if reference_values is None:
         reference_values = x
     if splits == 1:
@@ -186,7 +208,7 @@ def _launch_reduce(x, reference_values, out, M, N, rshape, rst, cshape, cst, op,
                   OP=op.value, VALUE_TYPE=xt, ACC_TYPE=acc, LOWEST=lowest, IS_FLOAT=is_float, MEAN=False,
                   INTERP=launch.INTERPRET, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=nw)
     # pass 2: reduce the (M, splits) matrix of partials (counts add up)
-    op2 = REDUCE_SUM if op == REDUCE_COUNT_EQUAL else op
+    op2 = REDUCE_SUM if op is REDUCE_COUNT_EQUAL else op
     return _launch_reduce(part, None, out, M, splits, [1] * 5 + [M], [0] * 5 + [1],
                           [1] * 5 + [splits], [0] * 5 + [M], op2, acc, acc, mean_denom,
                           splits=1)
@@ -196,7 +218,7 @@ def _reduce(x, axis, op, out_dtype=None, keepdims=False, reference_values=None, 
     """Reduce ``x`` over ``axis`` (``op``: REDUCE_SUM, with ``mean`` the mean,
     REDUCE_MAX or REDUCE_COUNT_EQUAL) into a new dense tensor of ``out_dtype``
     (default: the spec's)."""
-    primitive = "max" if op == REDUCE_MAX else "mean" if mean else "sum"
+    primitive = "max" if op is REDUCE_MAX else "mean" if mean else "sum"
     spec = reduce_spec(primitive, x.shape, x.dtype, axis, keepdims)
     out_dtype = to_torch(spec.out_dtype) if out_dtype is None else out_dtype
     shape, axes, kept = spec.x_shape, spec.axes, spec.kept_axes
@@ -205,17 +227,15 @@ def _reduce(x, axis, op, out_dtype=None, keepdims=False, reference_values=None, 
         return launch.empty(spec.out_shape, out_dtype, x.device)
     if N == 0:
         return copy.full(spec.out_shape, float("nan") if mean else 0, out_dtype, x.device)
-    try:
-        rshape, rst = _merged([shape[d] for d in kept], [x.stride(d) for d in kept])
-        cshape, cst = _merged([shape[d] for d in axes], [x.stride(d) for d in axes])
-    except NotImplementedError:  # more than 6 non-mergeable dims on one side: copy first
+    layout = _reduce_layout(shape, x.stride(), axes, kept)
+    if layout is None:  # more than 6 non-mergeable dims on one side: copy first
         x = copy.contiguous(x)
-        rshape, rst = _merged([shape[d] for d in kept], [x.stride(d) for d in kept])
-        cshape, cst = _merged([shape[d] for d in axes], [x.stride(d) for d in axes])
+        layout = _reduce_layout(shape, x.stride(), axes, kept)
+    rshape, rst, cshape, cst = layout
     xt = _value_type(x.dtype)
-    if op == REDUCE_COUNT_EQUAL:
+    if op is REDUCE_COUNT_EQUAL:
         acc = tl.int32
-    elif op == REDUCE_SUM and x.dtype not in _FLOATS:
+    elif op is REDUCE_SUM and x.dtype not in _FLOATS:
         acc = tl.float64 if mean else tl.int64
     else:
         acc = xt

@@ -13,3 +13,21 @@ instead of deriving the geometry again. Specs use NumPy only.
 families that have a spec (conv2d's is in ``specs.conv``, as its reference
 is in ``reference.conv``).
 """
+import functools
+
+
+def cached_on_arguments(spec_function):
+    """``spec_function`` (which normalises its arguments, then calls its
+    cached core) memoised on the arguments as given too, so that the
+    normalisation (ints, dtypes) runs once per distinct call, not on every
+    launch. Arguments that compare equal normalise alike, so one cached
+    answer serves them all; unhashable ones (a list) skip this cache."""
+    cached = functools.lru_cache(maxsize=1024)(spec_function)
+
+    @functools.wraps(spec_function)
+    def spec(*args, **kwargs):
+        try:
+            return cached(*args, **kwargs)
+        except TypeError:
+            return spec_function(*args, **kwargs)   # an unhashable argument (or its own TypeError, again)
+    return spec

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..dtypes import as_dtype, compute_dtype
 from ..errors import DTypeError, ShapeError
+from . import cached_on_arguments
 from ..primitives import REGISTRY
 
 #: the activations conv2d_bias_act applies in its epilogue: those whose
@@ -119,6 +120,7 @@ def _conv2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride, padding, dilation, 
                     dilation, groups, activation)
 
 
+@cached_on_arguments
 def conv2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
                 groups=1):
     """The :class:`ConvSpec` of conv2d(x, w) (NumPy or torch dtypes); raises
@@ -127,6 +129,7 @@ def conv2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride=(1, 1), padding=(0, 0
                         _ints(padding), _ints(dilation), int(groups), None)
 
 
+@cached_on_arguments
 def conv2d_bias_act_spec(x_shape, w_shape, b_shape, x_dtype, w_dtype, b_dtype, stride=(1, 1),
                          padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, activation="identity"):
     """The :class:`ConvSpec` of act(conv2d(x, w) + b): conv2d's, after
@@ -166,6 +169,7 @@ def _conv_transpose2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride, padding, 
     return ConvTransposeSpec(x_shape, w_shape, out_shape, x_dtype, compute_dtype(x_dtype), output_padding, adjoint)
 
 
+@cached_on_arguments
 def conv_transpose2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride=(1, 1), padding=(0, 0, 0, 0),
                           output_padding=(0, 0), dilation=(1, 1), groups=1):
     """The :class:`ConvTransposeSpec` of conv_transpose2d(x, w) (NumPy

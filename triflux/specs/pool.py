@@ -44,6 +44,7 @@ import numpy as np
 
 from ..dtypes import as_dtype, compute_dtype
 from ..errors import ShapeError
+from . import cached_on_arguments
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,6 +178,7 @@ def _pool2d_spec(op, x_shape, dtype, window, stride, padding, dilation, ceil_mod
                     (pt, pb, pl, pr), (dh, dw), ceil_mode, rows, cols)
 
 
+@cached_on_arguments
 def pool2d_spec(op, x_shape, dtype, window, stride, padding, dilation=(1, 1), ceil_mode=False):
     """The :class:`PoolSpec` of the pooling ``op`` (maxpool2d, meanpool2d:
     dilation (1, 1)) of an NCHW input of ``x_shape`` and ``dtype`` (NumPy or torch);
@@ -211,6 +213,7 @@ def _adaptive_pool2d_spec(op, x_shape, dtype, size):
     return AdaptivePoolSpec(x_shape, dtype, compute_dtype(dtype), x_shape[:2] + (Ho, Wo), (Ho, Wo), rows, cols)
 
 
+@cached_on_arguments
 def adaptive_pool2d_spec(op, x_shape, dtype, size):
     """The :class:`AdaptivePoolSpec` of the adaptive pooling ``op``
     (adaptive_maxpool2d, adaptive_meanpool2d) of an NCHW input of

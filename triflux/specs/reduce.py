@@ -30,26 +30,28 @@ class ReductionSpec:
     out_dtype: object        #: the result's dtype
     compute_dtype: object    #: the dtype sums accumulate in (max: the values' own)
 
-    @property
+    # the derived sizes below are cached: kernels read them on every launch
+
+    @functools.cached_property
     def kept_axes(self):
         return tuple(d for d in range(len(self.x_shape)) if d not in self.axes)
 
-    @property
+    @functools.cached_property
     def rows(self):
         """M: the number of results."""
         return math.prod(self.x_shape[d] for d in self.kept_axes)
 
-    @property
+    @functools.cached_property
     def count(self):
         """N: the entries each result reduces."""
         return math.prod(self.x_shape[d] for d in self.axes)
 
-    @property
+    @functools.cached_property
     def keepdims_shape(self):
         """x's shape with the reduced axes as 1s."""
         return tuple(1 if d in self.axes else s for d, s in enumerate(self.x_shape))
 
-    @property
+    @functools.cached_property
     def out_shape(self):
         return self.keepdims_shape if self.keepdims else tuple(self.x_shape[d] for d in self.kept_axes)
 
