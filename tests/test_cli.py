@@ -23,7 +23,17 @@ def test_bad_arguments_exit_2_with_one_line():
     r = run_cli("demo", "nothing")
     assert r.returncode == 2 and "unknown demo" in r.stderr
     r = run_cli("--help")
-    assert r.returncode == 0 and "demo mlp" in r.stdout
+    assert r.returncode == 0 and "demo mlp" in r.stdout and "kernels" in r.stdout
+
+
+def test_kernels_help_and_argument_errors():
+    """`python -m triflux kernels` (tests/test_kernel_report.py runs it)."""
+    r = run_cli("kernels", "--help")
+    assert r.returncode == 0 and "--workload" in r.stdout and "--json" in r.stdout and "sm_80" in r.stdout
+    r = run_cli("kernels", "--workload", "mlp", "--size", "32")
+    assert r.returncode == 2 and "--size applies to the image workloads" in r.stderr
+    r = run_cli("kernels", "--arch", "sm_70")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
 def test_readme_example_runs():

@@ -20,7 +20,8 @@ interpreter off (``@triton.jit`` then builds real kernels, and every tile and
 block size is the GPU's), ``launch.launch`` is replaced by a recorder, and each
 Triton kernel launched is compiled with ``triton.compile(ASTSource(...),
 target=GPUTarget("cuda", 90, 32))``, its signature and constexprs taken from
-the recorded arguments. The subprocess runs once per session; compiling takes
+the recorded arguments (``triflux.kernel_report.specialization``, as Triton's
+launcher specializes them). The subprocess runs once per session; compiling takes
 a few seconds (Triton's cache makes reruns faster).
 
 How to add a kernel: append one line to ``NAN_SENSITIVE_LAUNCHES``, a name and
@@ -40,6 +41,8 @@ import subprocess
 import sys
 
 import pytest
+
+from triflux.kernel_report import Specialization, compile_specialization, specialization
 
 #: (name, call): the NaN-sensitive kernel specializations, by the host call
 #: that launches them (see the module docstring)
@@ -143,40 +146,8 @@ def min_max_forms(ptx):
 
 # --- the worker: runs in a subprocess with the interpreter off -----------------------------
 
-_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-
-
-def _signature(kernel, args, meta):
-    """(signature, constexprs, options) for ``triton.compile`` from a launch's arguments."""
-    import torch
-    from triton._utils import canonicalize_dtype
-    values = dict(zip(kernel.arg_names, args))
-    values.update({k: v for k, v in meta.items() if k not in _OPTIONS})
-    signature, constexprs = {}, {}
-    for p in kernel.params:
-        v = values[p.name]
-        if p.is_constexpr or v is None:
-            signature[p.name] = "constexpr"
-            constexprs[p.name] = v
-        elif isinstance(v, torch.Tensor):
-            signature[p.name] = "*" + canonicalize_dtype(v.dtype)
-        elif isinstance(v, bool):
-            signature[p.name] = "i1"
-        elif isinstance(v, int):
-            signature[p.name] = "i32" if -2 ** 31 <= v < 2 ** 31 else ("i64" if v < 2 ** 63 else "u64")
-        elif isinstance(v, float):
-            signature[p.name] = "fp32"
-        else:
-            raise TypeError(f"{kernel.__name__}: cannot type argument {p.name}={v!r}")
-    options = {k: v for k, v in meta.items() if k in _OPTIONS}
-    return signature, constexprs, options
-
-
-def _compile_ptx(kernel, signature, constexprs, options):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+def _compile_ptx(kernel, spec):
+    return compile_specialization(kernel, spec, "sm_90").asm["ptx"]
 
 
 def _worker():
@@ -209,15 +180,13 @@ def _worker():
         try:
             call(K, t)
             for kernel, args, meta in launches:
-                sig, cons, opts = _signature(kernel, args, meta)
-                key = (kernel.__name__, repr(sorted(sig.items())), repr(sorted(cons.items(), key=str)),
-                       repr(sorted(opts.items())))
-                if key not in compiled:
-                    compiled[key] = _compile_ptx(kernel, sig, cons, opts)
-                ptx = compiled[key]
+                spec = specialization(kernel, args, meta)
+                if spec.key() not in compiled:
+                    compiled[spec.key()] = _compile_ptx(kernel, spec)
+                ptx = compiled[spec.key()]
                 entry["kernels"].append({
                     "kernel": kernel.__name__,
-                    "constexprs": {k: str(v) for k, v in cons.items()},
+                    "constexprs": {k: str(v) for k, v in spec.constexprs.items()},
                     "nan_dropping": nan_dropping_instructions(ptx),
                     "forms": min_max_forms(ptx)})
         except Exception as e:  # reported per entry
@@ -228,7 +197,9 @@ def _worker():
     probes = {}
     for fn in _probe_kernels():
         for ty in ("fp32", "fp64"):
-            ptx = _compile_ptx(fn, {"x": "*" + ty, "y": "*" + ty, "BLOCK": "constexpr"}, {"BLOCK": 128}, {})
+            spec = Specialization(fn.__module__, fn.__name__, {"x": "*" + ty, "y": "*" + ty, "BLOCK": "constexpr"},
+                                  {"BLOCK": 128}, ("x", "y"), {})
+            ptx = _compile_ptx(fn, spec)
             probes[f"{fn.__name__} {ty}"] = nan_dropping_instructions(ptx)
     print(json.dumps({"launches": results, "probes": probes, "triton": triton.__version__}))
 
@@ -261,7 +232,7 @@ def compiled():
     """The worker's findings (one subprocess per session)."""
     try:
         import triton
-        from triton.backends.compiler import GPUTarget  # noqa: F401
+        import triton.backends.compiler
         import triton.backends.nvidia  # noqa: F401
     except ImportError as e:
         pytest.skip(f"needs Triton with its NVIDIA backend to compile for a GPU target: {e}")

@@ -1,7 +1,7 @@
 """``python -m triflux``: demos and tools."""
 import sys
 
-from . import benchmarks, doctor
+from . import benchmarks, doctor, kernel_report
 from .demos import mlp, unet
 
 USAGE = """usage: python -m triflux COMMAND [options]
@@ -15,6 +15,9 @@ commands:
                (`python -m triflux doctor --help`)
   bench        a quick run of the benchmarks: triflux vs torch on the same device, as a
                table (`python -m triflux bench --help`; perf/ has the careful suites)
+  kernels      the kernels of one training step compiled for a GPU without one: registers,
+               spills, tensor cores, vector loads, FLOPs, bytes and a predicted time per
+               kernel (`python -m triflux kernels --help`)
 """
 
 DEMOS = {"unet": unet, "mlp": mlp}
@@ -30,6 +33,8 @@ def main(argv=None):
         return doctor.main(rest)
     if cmd == "bench":
         return benchmarks.main(rest)
+    if cmd == "kernels":
+        return kernel_report.main(rest)
     if cmd == "demo":
         if not rest or rest[0] in ("-h", "--help"):
             print(f"usage: python -m triflux demo {{{','.join(DEMOS)}}} [options]")
