@@ -12,16 +12,23 @@ same after normalising (the layer's training step in one call). float16/bfloat16
 compute in float32 and round once at the end (a sum over N*H*W half-precision
 values would overflow or lose the small terms); float32 and float64 stay as
 they are.
+
+``batchnorm_train`` and ``batchnorm_test`` take an ``activation`` attr, one of
+the registry's fusable activations (identity, relu, sigmoid, tanh), applied to
+the normalised output: a layer ``BatchNorm(C, relu)`` is one primitive, whose
+backward first takes dL/dz = dL/dy * act'(z) from the output y.
 """
 import numpy as np
 
 from ..specs.norm import batchnorm_spec
+from ._activation import activate, through_activation
 from ._util import in_compute_dtype
 
 
-def _spec(x, per_channel, eps):
+def _spec(x, per_channel, eps, activation="identity"):
     """The batch-norm spec of ``x`` and its per-channel vectors; validates them."""
-    return batchnorm_spec(np.shape(x), tuple(np.shape(v) for v in per_channel), np.asarray(x).dtype, eps)
+    return batchnorm_spec(np.shape(x), tuple(np.shape(v) for v in per_channel), np.asarray(x).dtype, eps,
+                          activation)
 
 
 def _batch_stats(x, spec):
@@ -65,54 +72,72 @@ def batchnorm_running_update_forward(x, running_mean, running_var, momentum=0.1)
     to NaN; one holding +inf (or -inf) to mean +inf (-inf) and variance NaN,
     as torch's. Both new vectors are computed before either is stored.
     """
-    spec = _spec(x, (running_mean, running_var), 0.0)
-    if spec.channels == 0 or spec.values_per_channel == 0:
-        return None
-    xc, old_mean, old_var = in_compute_dtype(x, running_mean, running_var)
-    mean, unbiased = _running_stats(xc, spec)
-    take = xc.dtype.type(momentum)
-    keep = 1 - take
-    new_mean = keep * old_mean + take * mean
-    new_var = keep * old_var + take * unbiased
-    running_mean[...] = new_mean.astype(running_mean.dtype)
-    running_var[...] = new_var.astype(running_var.dtype)
+    _move_running_stats(x, (running_mean, running_var), (running_mean, running_var), momentum)
     return None
 
 
-def batchnorm_train_forward(x, gamma, beta, running_mean=None, running_var=None, eps=1e-5, momentum=0.1):
-    """y = gamma * xhat + beta,   xhat = (x - mu) / sqrt(s2 + eps),
+def _move_running_stats(x, running, moved, momentum):
+    """Store the running statistics ``running`` = (mean, var) moved toward
+    x's batch (:func:`batchnorm_running_update_forward`'s math) into
+    ``moved`` = (mean, var): ``running`` itself to move in place, or other
+    vectors (which get ``running`` unchanged when there is nothing to move)."""
+    spec = _spec(x, running + moved, 0.0)
+    if spec.channels == 0 or spec.values_per_channel == 0:
+        new_mean, new_var = running
+    else:
+        xc, old_mean, old_var = in_compute_dtype(x, *running)
+        mean, unbiased = _running_stats(xc, spec)
+        take = xc.dtype.type(momentum)
+        keep = 1 - take
+        new_mean = keep * old_mean + take * mean
+        new_var = keep * old_var + take * unbiased
+    moved[0][...] = np.asarray(new_mean).astype(moved[0].dtype)
+    moved[1][...] = np.asarray(new_var).astype(moved[1].dtype)
+
+
+def batchnorm_train_forward(x, gamma, beta, running_mean=None, running_var=None, moved_mean=None,
+                            moved_var=None, eps=1e-5, momentum=0.1, activation="identity"):
+    """y = act(gamma * xhat + beta),   xhat = (x - mu) / sqrt(s2 + eps),
 
     mu_c = mean of x[:, c, ...],  s2_c = mean of (x[:, c, ...] - mu_c)^2 (biased).
 
-    Given ``running_mean`` and ``running_var`` (C,), they then move in place
-    as :func:`batchnorm_running_update_forward` moves them, once y is computed.
+    Given ``running_mean`` and ``running_var`` (C,), they then move as
+    :func:`batchnorm_running_update_forward` moves them, once y is computed:
+    in place, or given ``moved_mean`` and ``moved_var`` into those (the
+    running statistics then stay as they are: a training step keeps the moved
+    ones aside until it succeeds).
     """
     running = () if running_mean is None else (running_mean, running_var)
-    spec = _spec(x, (gamma, beta) + running, eps)
+    moved = () if moved_mean is None else (moved_mean, moved_var)
+    spec = _spec(x, (gamma, beta) + running + moved, eps, activation)
     xc, gamma, beta = in_compute_dtype(x, gamma, beta)
     mean, var = _batch_stats(xc, spec)
     xhat = (xc - mean) / np.sqrt(var + xc.dtype.type(eps))
-    y = (gamma.reshape(spec.channel_shape) * xhat + beta.reshape(spec.channel_shape)).astype(spec.dtype)
+    shape = spec.channel_shape
+    y = activate(gamma.reshape(shape) * xhat + beta.reshape(shape), spec.activation)
+    y = y.astype(spec.dtype)
     if running:
-        batchnorm_running_update_forward(x, *running, momentum=momentum)
+        _move_running_stats(x, running, moved or running, momentum)
     return y
 
 
-def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, running_var=None, eps=1e-5,
-                             momentum=0.1):
-    """With M values per channel, istd = 1 / sqrt(s2 + eps) and g = dL/dy:
+def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, running_var=None, moved_mean=None,
+                             moved_var=None, eps=1e-5, momentum=0.1, activation="identity"):
+    """With M values per channel, istd = 1 / sqrt(s2 + eps) and g = dL/dz
+    = dL/dy * act'(z) (written in the output y; dL/dy itself for identity):
 
     dbeta_c  = sum g,            dgamma_c = sum g * xhat   (sums over N and space)
     dx       = gamma * istd / M * (M g - dbeta - xhat * dgamma)
 
-    (dx includes the paths through mu and s2.) ``out`` is not used: xhat is
-    recomputed from x. The running statistics, when given, get no gradient
-    (None).
+    (dx includes the paths through mu and s2.) ``out`` serves act' only:
+    xhat is recomputed from x. The running (and moved) statistics, when
+    given, get no gradient (None).
     """
-    none_for_running = () if running_mean is None else (None, None)
-    spec = _spec(x, (gamma, beta), eps)
+    none_for_running = (None,) * sum(v is not None for v in (running_mean, running_var, moved_mean, moved_var))
+    spec = _spec(x, (gamma, beta), eps, activation)
     dtypes = x.dtype, np.asarray(gamma).dtype, np.asarray(beta).dtype
-    x, gamma, beta, g = in_compute_dtype(x, gamma, beta, grad)
+    x, gamma, beta, g, y = in_compute_dtype(x, gamma, beta, grad, out)
+    g = through_activation(g, y, spec.activation)
     axes, shape, m = spec.reduced_axes, spec.channel_shape, spec.values_per_channel
     mean, var = _batch_stats(x, spec)
     istd = 1 / np.sqrt(var + x.dtype.type(eps))
@@ -126,27 +151,28 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, runni
     return (dx.astype(dtypes[0]), dgamma.astype(dtypes[1]), dbeta.astype(dtypes[2])) + none_for_running
 
 
-def batchnorm_test_forward(x, gamma, beta, mean, var, eps=1e-5):
-    """y = gamma * (x - mean) / sqrt(var + eps) + beta, with the given (running)
-    per-channel ``mean`` and ``var``."""
-    spec = _spec(x, (gamma, beta, mean, var), eps)
+def batchnorm_test_forward(x, gamma, beta, mean, var, eps=1e-5, activation="identity"):
+    """y = act(gamma * (x - mean) / sqrt(var + eps) + beta), with the given
+    (running) per-channel ``mean`` and ``var``."""
+    spec = _spec(x, (gamma, beta, mean, var), eps, activation)
     shape = spec.channel_shape
     x, gamma, beta, mean, var = in_compute_dtype(x, gamma, beta, mean, var)
     istd = 1 / np.sqrt(var.reshape(shape) + x.dtype.type(eps))
     y = gamma.reshape(shape) * (x - mean.reshape(shape)) * istd + beta.reshape(shape)
-    return y.astype(spec.dtype)
+    return activate(y, spec.activation).astype(spec.dtype)
 
 
-def batchnorm_test_backward(grad, out, x, gamma, beta, mean, var, eps=1e-5):
-    """istd = 1 / sqrt(var + eps):
+def batchnorm_test_backward(grad, out, x, gamma, beta, mean, var, eps=1e-5, activation="identity"):
+    """istd = 1 / sqrt(var + eps), g = dL/dz = dL/dy * act'(z) (from the output y):
 
     dx = g * gamma * istd,   dgamma_c = sum g * (x - mean) * istd,   dbeta_c = sum g;
     no gradient (None) for the statistics ``mean`` and ``var``.
     """
-    spec = _spec(x, (gamma, beta, mean, var), eps)
+    spec = _spec(x, (gamma, beta, mean, var), eps, activation)
     axes, shape = spec.reduced_axes, spec.channel_shape
     dtypes = x.dtype, np.asarray(gamma).dtype, np.asarray(beta).dtype
-    x, gamma, beta, mean, var, g = in_compute_dtype(x, gamma, beta, mean, var, grad)
+    x, gamma, beta, mean, var, g, y = in_compute_dtype(x, gamma, beta, mean, var, grad, out)
+    g = through_activation(g, y, spec.activation)
     istd = 1 / np.sqrt(var.reshape(shape) + x.dtype.type(eps))
     dx = g * gamma.reshape(shape) * istd
     dgamma = np.sum(g * (x - mean.reshape(shape)) * istd, axis=axes)

@@ -81,11 +81,15 @@ NAN_SENSITIVE_LAUNCHES = [
     ("batchnorm_train forward", lambda K, t: K.norm.batchnorm_train_forward(t(8, 3, 5, 5), t(3), t(3))),
     ("batchnorm_train backward", lambda K, t: K.norm.batchnorm_train_backward(
         t(8, 3, 5, 5), None, t(8, 3, 5, 5), t(3), t(3))),
+    ("batchnorm_train relu forward (the fused activation)", lambda K, t: K.norm.batchnorm_train_forward(
+        t(8, 3, 5, 5), t(3), t(3), activation="relu")),
+    ("batchnorm_train relu backward (g relu'(y))", lambda K, t: K.norm.batchnorm_train_backward(
+        t(8, 3, 5, 5), t(8, 3, 5, 5), t(8, 3, 5, 5), t(3), t(3), activation="relu")),
     # conv2d_bias_act: the fused relu epilogue and its gradient
     ("conv2d_bias_act relu forward", lambda K, t: K.conv.conv2d_bias_act_forward(
         t(2, 3, 9, 9), t(4, 3, 3, 3), t(4), activation="relu")),
     ("conv2d_bias_act relu backward (gz = G relu'(y))", lambda K, t: K.conv._act_grad_and_bias_grad(
-        t(2, 4, 7, 7), t(2, 4, 7, 7), t(4), K.conv._ACT_CODES["relu"])),
+        t(2, 4, 7, 7), t(2, 4, 7, 7), t(4), K.numerics.ACTIVATION_CODES["relu"])),
     # dropout: the mask multiplies (a dropped NaN stays NaN)
     ("dropout forward", lambda K, t: K.dropout.dropout_forward(t(1000), 0.5, 7)),
     # max pooling: the window scan (first real, greater, or NaN), forward and argmax + routing
@@ -161,7 +165,7 @@ def _worker():
     from triflux.triton_kernels import launch
     K = types.SimpleNamespace()
     for family in ("elementwise", "reduce", "softmax", "norm", "conv", "dropout", "fill", "optimise",
-                   "matmul", "shape", "pool", "rnn"):
+                   "matmul", "shape", "pool", "rnn", "numerics"):
         try:
             setattr(K, family, __import__(f"triflux.triton_kernels.{family}", fromlist=[family]))
         except ImportError:

@@ -68,6 +68,10 @@ def test_fill_scalar_shape_integers_and_device_object(K, kernel_device):
     i = K.fill_forward(shape=(5,), value=7, dtype=dtypes.int32)
     np.testing.assert_array_equal(N(i), np.full(5, 7, np.int32))
     np.testing.assert_array_equal(ref.fill_forward(shape=(5,), value=7, dtype=dtypes.int32), np.full(5, 7, np.int32))
+    # integers that float32 would round travel to the device as themselves, as on the CPU
+    for value, dtype in ((2 ** 40 + 3, "int64"), (2 ** 31 - 1, "int32"), (-(2 ** 24) - 1, "int32")):
+        big = K.fill_forward(shape=(3,), value=value, dtype=dtypes.as_dtype(dtype))
+        np.testing.assert_array_equal(N(big), np.full(3, value, dtype))
 
 
 # --- random fills: reproducibility -------------------------------------------------------------

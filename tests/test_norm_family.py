@@ -455,7 +455,8 @@ def test_layer_training_step_launches(gpu, shape, monkeypatch):
     """A BatchNorm in training mode normalises and moves its running
     statistics in one launch, or two where the channels are split over
     several programs (partial statistics, then y and the running statistics);
-    an activation adds one. Test mode takes one launch."""
+    relu (one of the activations the primitive applies itself) adds none,
+    another activation (gelu) one. Test mode takes one launch, relu included."""
     import triflux as tf
     if gpu:
         monkeypatch.setattr(launch, "INTERPRET", False)
@@ -465,16 +466,18 @@ def test_layer_training_step_launches(gpu, shape, monkeypatch):
     split = kn._plan(kn._spec(x._data, (), 1e-5), launch.INTERPRET).splits > 1
     assert split == (gpu and shape[0] == 8)
     norm_launches = ["_partial_stats_kernel"] * split + ["_batchnorm_train_forward_kernel"]
-    for activation in (tf.identity, tf.relu):
+    for activation in (tf.identity, tf.relu, tf.gelu):
         bn = tf.trainmode(dev(tf.BatchNorm(3, activation)))
         names.clear()
         bn(x)
         assert names[:len(norm_launches)] == norm_launches
-        assert len(names) == len(norm_launches) + (activation is not tf.identity), names
+        assert len(names) == len(norm_launches) + (activation is tf.gelu), names
         assert not np.array_equal(bn.running_mean.numpy(), np.zeros(3))
+    bn = dev(tf.BatchNorm(3, tf.relu))
     names.clear()
-    tf.testmode(bn)(x)
-    assert len(names) == 2 and names[0] == "_batchnorm_test_kernel", names
+    y = tf.testmode(bn)(x)
+    assert names == ["_batchnorm_test_kernel"], names
+    assert np.all(y.numpy() >= 0)
 
 
 def test_layer_running_statistics_agree_on_both_devices():
@@ -487,6 +490,61 @@ def test_layer_running_statistics_agree_on_both_devices():
     for name in ("running_mean", "running_var"):
         a, b = (getattr(bn, name).numpy() for bn in layers)
         np.testing.assert_allclose(b, a, rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["interpreter", "gpu plan"])
+@pytest.mark.parametrize("shape", [(8, 3, 32, 32), (4, 3, 5, 5), (0, 3, 5, 5)])
+def test_moved_statistics_go_aside_and_the_running_ones_stay(gpu, shape, monkeypatch):
+    """Given ``moved``, batchnorm_train writes the moved running statistics
+    there (the same values an in-place move stores; the old ones where the
+    batch is empty) and leaves the running statistics as they were: what a
+    training step uses to commit them only when it succeeds. No launch of
+    its own: the move is part of the normalisation's launch."""
+    import triflux as tf
+    from triflux import ops
+    if gpu:
+        monkeypatch.setattr(launch, "INTERPRET", False)
+    x = (np.random.default_rng(26).standard_normal(shape) * 2 + 1).astype(np.float32)
+    gamma, beta = np.ones(3, np.float32), np.zeros(3, np.float32)
+    old_mean, old_var = np.array([0.5, -1.0, 2.0], np.float32), np.array([1.0, 2.0, 0.5], np.float32)
+    for d in (tf.cpu_device(), tf.CUDADevice(0)):
+        in_place = (d(old_mean.copy()), d(old_var.copy()))
+        ops.batchnorm(d(x), d(gamma), d(beta), running=in_place, momentum=0.3)
+        running = (d(old_mean.copy()), d(old_var.copy()))
+        moved = (d(np.full(3, 7.0, np.float32)), d(np.full(3, 7.0, np.float32)))
+        names = _record_launches(monkeypatch)
+        ops.batchnorm(d(x), d(gamma), d(beta), running=running, moved=moved, momentum=0.3)
+        if d != tf.cpu_device() and shape[0]:
+            assert names[-1] == "_batchnorm_train_forward_kernel", names
+        np.testing.assert_array_equal(running[0].numpy(), old_mean)
+        np.testing.assert_array_equal(running[1].numpy(), old_var)
+        for got, want in zip(moved, in_place):
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("activation", ["relu", "sigmoid", "tanh"])
+def test_fused_activation_layer_matches_the_layer_then_the_activation(activation):
+    """``BatchNorm(C, act)`` hands act to the primitive; the output, the
+    gradients and the running statistics equal ``BatchNorm(C)`` followed by
+    the activation as its own primitive, on both devices and in both modes."""
+    import triflux as tf
+    act = getattr(tf, activation)
+    x = (np.random.default_rng(25).standard_normal((4, 3, 5, 5)) * 2 + 1).astype(np.float32)
+    for d in (tf.cpu_device(), tf.CUDADevice(0)):
+        fused, plain = d(tf.BatchNorm(3, act)), d(tf.BatchNorm(3))
+        for m in (fused, plain):
+            m.weight = d(np.array([1.5, -0.5, 2.0], np.float32))
+            m.bias = d(np.array([0.1, 0.3, -0.2], np.float32))
+        xd = d(x)
+        loss_f, (gf,) = tf.withgradient(lambda m: (m(xd) * xd).sum(), fused)
+        loss_p, (gp,) = tf.withgradient(lambda m: (act(m(xd)) * xd).sum(), plain)
+        np.testing.assert_allclose(loss_f.item(), loss_p.item(), rtol=1e-5)
+        for k in ("weight", "bias"):
+            np.testing.assert_allclose(gf[k].numpy(), gp[k].numpy(), rtol=1e-4, atol=1e-5, err_msg=k)
+        for k in ("running_mean", "running_var"):
+            np.testing.assert_array_equal(getattr(fused, k).numpy(), getattr(plain, k).numpy(), err_msg=k)
+        np.testing.assert_allclose(tf.testmode(fused)(xd).numpy(), act(tf.testmode(plain)(xd)).numpy(),
+                                   rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("gpu", [False, True], ids=["interpreter", "gpu plan"])

@@ -9,6 +9,10 @@ from .registry import Registry
 REGISTRY = Registry()
 register = REGISTRY.register
 
+#: the activations a primitive can apply in its own kernel: those whose derivative is a
+#: function of their output, so the backward needs only the stored output y
+ACTIVATIONS_FROM_OUTPUT = ("identity", "relu", "sigmoid", "tanh")
+
 
 # --- elementwise: unary ---------------------------------------------------------
 for _n in ("neg", "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "gelu",
@@ -78,8 +82,7 @@ register("rmsprop_update", "optimise", differentiable=False, foreach=True, mutat
 register("conv2d", "conv", accumulates=True, multilinear_forward=True, multilinear_backward=True,
          doc="inputs: x (N, C, H, W), w (O, C/groups, kh, kw); attrs: stride (sh, sw), "
              "padding (top, bottom, left, right), dilation (dh, dw), groups. Cross-correlation, as torch.")
-register("conv2d_bias_act", "conv", accumulates=True,
-         fusable_activations=("identity", "relu", "sigmoid", "tanh"),
+register("conv2d_bias_act", "conv", accumulates=True, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
          doc="inputs: x (N, C, H, W), w (O, C/groups, kh, kw), b (O,); attrs: stride, padding (top, bottom, "
              "left, right), dilation, groups, activation (one of fusable_activations: those whose "
              "derivative is a function of their output). y = act(conv2d(x, w) + b[o]), fused; the "
@@ -112,17 +115,20 @@ register("upsample_bilinear2d", "upsample", accumulates=True,
 
 # --- normalisation ---------------------------------------------------------------------------
 # (batch statistics and the gradients of gamma and beta are sums over N and the pixels)
-register("batchnorm_train", "norm", accumulates=True,
-         doc="inputs: x (N, C, ...), gamma (C,), beta (C,)[, running_mean (C,), running_var (C,)]; attrs: eps"
-             "[, momentum]. Normalises with the batch's mean and biased variance per channel; given the "
-             "running statistics, moves them in place as batchnorm_running_update does, in the same launches "
-             "(no gradient for them)")
+register("batchnorm_train", "norm", accumulates=True, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
+         doc="inputs: x (N, C, ...), gamma (C,), beta (C,)[, running_mean (C,), running_var (C,)[, "
+             "moved_mean (C,), moved_var (C,)]]; attrs: eps[, momentum], activation (one of "
+             "fusable_activations, applied to the normalised output in the same kernel; the backward takes "
+             "its derivative from the output). Normalises with the batch's mean and biased variance per "
+             "channel; given the running statistics, moves them as batchnorm_running_update does, in the "
+             "same launches: in place, or into the moved ones (which a training step keeps aside until it "
+             "succeeds); no gradient for any of them")
 register("batchnorm_running_update", "norm", differentiable=False, accumulates=True, mutates=(1, 2),
          doc="inputs: x (N, C, ...), running_mean (C,), running_var (C,); attrs: momentum. In place: "
              "running = (1 - momentum) * running + momentum * the batch's mean / unbiased variance")
-register("batchnorm_test", "norm", accumulates=True,
-         doc="inputs: x, gamma, beta, mean (C,), var (C,); attrs: eps. Uses the given (running) "
-             "statistics; no gradient for mean and var")
+register("batchnorm_test", "norm", accumulates=True, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
+         doc="inputs: x, gamma, beta, mean (C,), var (C,); attrs: eps, activation (as batchnorm_train's). "
+             "Uses the given (running) statistics; no gradient for mean and var")
 
 # --- dropout ---------------------------------------------------------------------------------
 register("dropout", "dropout", accumulates=False, random=True,

@@ -78,39 +78,42 @@ def cast(t, dtype):
 
 
 @triton.jit
-def _full_kernel(output_pointer, value, float64_value_pointer, n_elements,
+def _full_kernel(output_pointer, value, value_pointer, n_elements, VALUE_IN_BUFFER: tl.constexpr,
                  INTERPRETER: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """output[i] = the fill value: ``value`` (a float32), or for a float64
-    output the float64 at ``float64_value_pointer``."""
+    """output[i] = the fill value: ``value`` (a float32), or with VALUE_IN_BUFFER
+    the one element at ``value_pointer``, already of the output's type (a
+    float64, or an integer that float32 would round)."""
     index = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    if output_pointer.dtype.element_ty == tl.float64:
-        # Triton passes Python floats as float32: a float64 value comes in a buffer
-        fill = tl.load(float64_value_pointer + index * 0)
+    if VALUE_IN_BUFFER:
+        # Triton passes Python floats as float32: such a value comes in a buffer
+        fill = tl.load(value_pointer + index * 0)
+        tl.store(output_pointer + index, fill, mask=index < n_elements)
     else:  # via float32: the interpreter cannot convert float64 to bfloat16
         fill = tl.full((BLOCK_SIZE,), value, tl.float32)
-    tl.store(output_pointer + index, store_value(fill, output_pointer.dtype.element_ty, INTERPRETER),
-             mask=index < n_elements)
+        tl.store(output_pointer + index, store_value(fill, output_pointer.dtype.element_ty, INTERPRETER),
+                 mask=index < n_elements)
 
 
 def full(shape, value, dtype, device):
     """A new dense tensor of ``shape`` filled with ``value`` (the kernel
-    behind zeros/ones/fill; torch only allocates)."""
+    behind zeros/ones/fill; torch only allocates and copies the one value to
+    the device where float32 cannot carry it: float64, and integers of 2**24
+    or more). The value is checked against the dtype by the caller
+    (``triflux.constructors.full``)."""
     out = launch.empty(shape, dtype, device)
     n = out.numel()
     if n:
-        if not dtype.is_floating_point and abs(value) >= 2 ** 24:
-            raise ValueError(f"fill value {value} is not exact through float32; integer fills must be below 2**24")
-        if dtype == torch.float64:
-            try:  # a host-to-device copy
-                value_buffer = torch.tensor([float(value)], dtype=torch.float64).to(out.device)
+        in_buffer = dtype == torch.float64 or (not dtype.is_floating_point and abs(value) >= 2 ** 24)
+        if in_buffer:
+            try:  # a host-to-device copy of one element
+                value_buffer = torch.tensor([value], dtype=dtype).to(out.device)
             except RuntimeError as e:
                 if not is_out_of_memory(e):
                     raise
-                raise out_of_memory(e, (1,), torch.float64, out.device) from None
+                raise out_of_memory(e, (1,), dtype, out.device) from None
         else:
             value_buffer = out
         block = launch.block_for(n)
-        launch.launch(_full_kernel, (launch.cdiv(n, block),), out,
-                      float(value) if dtype != torch.float64 else 0.0, value_buffer, n,
-                      INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block)
+        launch.launch(_full_kernel, (launch.cdiv(n, block),), out, 0.0 if in_buffer else float(value),
+                      value_buffer, n, VALUE_IN_BUFFER=in_buffer, INTERPRETER=launch.INTERPRET, BLOCK_SIZE=block)
     return out

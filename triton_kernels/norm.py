@@ -42,6 +42,11 @@ dbeta - xhat * dgamma) with dbeta = sum g and dgamma = istd * sum g (x -
 mean), the latter as sum_p [sum g d + ((m_p - mu) - dmu) sum g] over the
 partials, and program p = 0 stores dgamma and dbeta.
 
+Every kernel that writes y applies the layer's ``ACTIVATION`` (numerics.activate)
+before its store, and every backward reads g through it (dL/dz = g * act'(z)
+from the output y: :func:`_load_grad`), so ``BatchNorm(C, relu)`` costs no
+launch of its own.
+
 ``batchnorm_test`` is elementwise with per-channel constants (one launch,
 grid (C, splits)); its backward also sums g and g * xhat per program, and
 with a split ``_sum_partials_kernel`` adds those up per channel.
@@ -58,7 +63,7 @@ import triton
 import triton.language as tl
 
 from . import copy, launch, numerics
-from .numerics import from_float32_pair, store_value
+from .numerics import ACTIVATION_CODES, from_float32_pair, store_value
 from ..specs.norm import batchnorm_spec
 
 #: the fields of the partial-statistics workspace (C, FIELDS, splits), per program:
@@ -99,11 +104,23 @@ def _tile(t, c, C, N, S, tiles_s, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_S: tl.c
 
 
 @triton.jit
-def _own_stats(x, grad, c, p, C, N, S, tiles_s, num_tiles, tiles_per_program, WITH_GRAD: tl.constexpr,
-               COMPUTE_TYPE: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_S: tl.constexpr):
+def _load_grad(grad, out, offsets, mask, ACTIVATION: tl.constexpr, COMPUTE_TYPE: tl.constexpr):
+    """dL/dz at ``offsets``: the gradient g of the output y = act(z), through act
+    (the output read only when ACTIVATION is not identity)."""
+    g = tl.load(grad + offsets, mask=mask, other=0.0).to(COMPUTE_TYPE)
+    if ACTIVATION != numerics.ACT_IDENTITY:
+        g = numerics.through_activation(g, tl.load(out + offsets, mask=mask, other=0.0).to(COMPUTE_TYPE),
+                                        ACTIVATION)
+    return g
+
+
+@triton.jit
+def _own_stats(x, grad, out, c, p, C, N, S, tiles_s, num_tiles, tiles_per_program, WITH_GRAD: tl.constexpr,
+               ACTIVATION: tl.constexpr, COMPUTE_TYPE: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+               BLOCK_SIZE_S: tl.constexpr):
     """The statistics of program p's tiles [p * tiles_per_program, (p + 1) *
     tiles_per_program) of channel c: (n_p, m_p, dm_p, q_p, sum g, sum g (x - m_p))
-    (the module docstring; the sums of g are 0 without WITH_GRAD)."""
+    (the module docstring; g through ACTIVATION; the sums of g are 0 without WITH_GRAD)."""
     t_lo = p * tiles_per_program
     t_hi = tl.minimum(t_lo + tiles_per_program, num_tiles)
     acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_S), COMPUTE_TYPE)
@@ -125,7 +142,7 @@ def _own_stats(x, grad, c, p, C, N, S, tiles_s, num_tiles, tiles_per_program, WI
         acc_d += d
         acc_dd += d * d
         if WITH_GRAD:
-            g = tl.load(grad + offsets, mask=mask, other=0.0).to(COMPUTE_TYPE)
+            g = _load_grad(grad, out, offsets, mask, ACTIVATION, COMPUTE_TYPE)
             acc_g += g
             acc_gd += g * d
     sum_d = tl.sum(acc_d)
@@ -134,15 +151,15 @@ def _own_stats(x, grad, c, p, C, N, S, tiles_s, num_tiles, tiles_per_program, WI
 
 
 @triton.jit
-def _partial_stats_kernel(x, grad, partials, C, N, S, tiles_s, num_tiles, tiles_per_program, splits,
-                          WITH_GRAD: tl.constexpr, COMPUTE_TYPE: tl.constexpr,
+def _partial_stats_kernel(x, grad, out, partials, C, N, S, tiles_s, num_tiles, tiles_per_program, splits,
+                          WITH_GRAD: tl.constexpr, ACTIVATION: tl.constexpr, COMPUTE_TYPE: tl.constexpr,
                           BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_S: tl.constexpr):
     """Program (c, p): :func:`_own_stats` of its tiles of channel c into partials[c, :, p]."""
     c = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
-    n_p, mean, dmean, sqdev, sum_g, sum_gd = _own_stats(x, grad, c, p, C, N, S, tiles_s, num_tiles,
-                                                        tiles_per_program, WITH_GRAD, COMPUTE_TYPE,
-                                                        BLOCK_SIZE_N, BLOCK_SIZE_S)
+    n_p, mean, dmean, sqdev, sum_g, sum_gd = _own_stats(x, grad, out, c, p, C, N, S, tiles_s, num_tiles,
+                                                        tiles_per_program, WITH_GRAD, ACTIVATION,
+                                                        COMPUTE_TYPE, BLOCK_SIZE_N, BLOCK_SIZE_S)
     out = partials + c * (FIELDS * splits) + p
     tl.store(out + FIELD_COUNT * splits, n_p)
     tl.store(out + FIELD_MEAN * splits, mean)
@@ -180,33 +197,37 @@ def _inverse_std(sqdev, M, eps):
 
 
 @triton.jit
-def _move_running_stats(running_mean, running_mean_stride, running_var, running_var_stride, c,
+def _move_running_stats(running_mean, running_mean_stride, running_var, running_var_stride,
+                        moved_mean, moved_mean_stride, moved_var, moved_var_stride, c,
                         mu, dmu, sqdev, M, momentum, COMPUTE_TYPE: tl.constexpr, INTERP: tl.constexpr):
-    """running <- (1 - momentum) * running + momentum * batch statistic for
+    """moved <- (1 - momentum) * running + momentum * batch statistic for
     channel c: the mean mu + dmu (mu itself where it is infinite: torch keeps
-    +-inf) and the unbiased variance sqdev / (M - 1) (/ 1 for M = 1)."""
+    +-inf) and the unbiased variance sqdev / (M - 1) (/ 1 for M = 1). The
+    moved vectors are the running ones (in place) or others (kept aside)."""
     batch_mean = tl.where(tl.abs(mu) < float("inf"), mu + dmu, mu)
     unbiased = numerics.maximum(sqdev, 0.0) / tl.maximum(M - 1, 1)
     keep = 1.0 - momentum
     old_mean = tl.load(running_mean + c * running_mean_stride).to(COMPUTE_TYPE)
     old_var = tl.load(running_var + c * running_var_stride).to(COMPUTE_TYPE)
-    tl.store(running_mean + c * running_mean_stride,
-             store_value(keep * old_mean + momentum * batch_mean, running_mean.dtype.element_ty, INTERP))
-    tl.store(running_var + c * running_var_stride,
-             store_value(keep * old_var + momentum * unbiased, running_var.dtype.element_ty, INTERP))
+    tl.store(moved_mean + c * moved_mean_stride,
+             store_value(keep * old_mean + momentum * batch_mean, moved_mean.dtype.element_ty, INTERP))
+    tl.store(moved_var + c * moved_var_stride,
+             store_value(keep * old_var + momentum * unbiased, moved_var.dtype.element_ty, INTERP))
 
 
 @triton.jit
 def _batchnorm_train_forward_kernel(x, partials, gamma, gamma_stride, beta, beta_stride, y,
                                     running_mean, running_mean_stride, running_var, running_var_stride,
+                                    moved_mean, moved_mean_stride, moved_var, moved_var_stride,
                                     C, N, S, tiles_s, num_tiles, tiles_per_program, splits, M,
                                     eps_hi, eps_lo, momentum_hi, momentum_lo,
                                     SPLIT: tl.constexpr, NORMALISE: tl.constexpr, UPDATE_RUNNING: tl.constexpr,
-                                    COMPUTE_TYPE: tl.constexpr, INTERP: tl.constexpr,
+                                    ACTIVATION: tl.constexpr, COMPUTE_TYPE: tl.constexpr, INTERP: tl.constexpr,
                                     BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_S: tl.constexpr,
                                     BLOCK_SIZE_P: tl.constexpr):
-    """Program (c, p): y = gamma * xhat + beta over its tiles of channel c
-    (NORMALISE), and for p = 0 the running statistics' move (UPDATE_RUNNING).
+    """Program (c, p): y = act(gamma * xhat + beta) over its tiles of channel c
+    (NORMALISE), and for p = 0 the running statistics' move into the moved ones
+    (UPDATE_RUNNING).
     The statistics come from the partials (SPLIT), or without a split from
     this program's own sweeps over the whole channel (one launch in all)."""
     c = tl.program_id(0).to(tl.int64)
@@ -215,14 +236,14 @@ def _batchnorm_train_forward_kernel(x, partials, gamma, gamma_stride, beta, beta
     if SPLIT:
         mu, dmu, sqdev, istd, shift = _channel_stats(partials, c, splits, M, eps, BLOCK_SIZE_P)
     else:
-        count, mu, dmu, sqdev, sum_g, sum_gd = _own_stats(x, x, c, p, C, N, S, tiles_s, num_tiles,
-                                                          tiles_per_program, False, COMPUTE_TYPE,
-                                                          BLOCK_SIZE_N, BLOCK_SIZE_S)
+        count, mu, dmu, sqdev, sum_g, sum_gd = _own_stats(x, x, x, c, p, C, N, S, tiles_s, num_tiles,
+                                                          tiles_per_program, False, numerics.ACT_IDENTITY,
+                                                          COMPUTE_TYPE, BLOCK_SIZE_N, BLOCK_SIZE_S)
         istd = _inverse_std(sqdev, M, eps)
     if UPDATE_RUNNING:
         if p == 0:
-            _move_running_stats(running_mean, running_mean_stride, running_var, running_var_stride, c,
-                                mu, dmu, sqdev, M, from_float32_pair(momentum_hi, momentum_lo, COMPUTE_TYPE),
+            _move_running_stats(running_mean, running_mean_stride, running_var, running_var_stride,
+                                moved_mean, moved_mean_stride, moved_var, moved_var_stride, c, mu, dmu, sqdev, M, from_float32_pair(momentum_hi, momentum_lo, COMPUTE_TYPE),
                                 COMPUTE_TYPE, INTERP)
     if NORMALISE:
         gamma_c = tl.load(gamma + c * gamma_stride).to(COMPUTE_TYPE)
@@ -231,20 +252,21 @@ def _batchnorm_train_forward_kernel(x, partials, gamma, gamma_stride, beta, beta
         for t in range(t_lo, tl.minimum(t_lo + tiles_per_program, num_tiles)):
             offsets, mask, _count = _tile(t, c, C, N, S, tiles_s, BLOCK_SIZE_N, BLOCK_SIZE_S)
             v = tl.load(x + offsets, mask=mask, other=0.0).to(COMPUTE_TYPE)
-            out = gamma_c * (((v - mu) - dmu) * istd) + beta_c
+            out = numerics.activate(gamma_c * (((v - mu) - dmu) * istd) + beta_c, ACTIVATION)
             tl.store(y + offsets, store_value(out, y.dtype.element_ty, INTERP), mask=mask)
 
 
 @triton.jit
-def _batchnorm_train_backward_kernel(grad, x, partials, gamma, gamma_stride, dx, dgamma, dgamma_stride,
+def _batchnorm_train_backward_kernel(grad, out, x, partials, gamma, gamma_stride, dx, dgamma, dgamma_stride,
                                      dbeta, dbeta_stride, C, N, S, tiles_s, num_tiles, tiles_per_program,
-                                     splits, M, eps_hi, eps_lo, SPLIT: tl.constexpr,
+                                     splits, M, eps_hi, eps_lo, SPLIT: tl.constexpr, ACTIVATION: tl.constexpr,
                                      COMPUTE_TYPE: tl.constexpr, INTERP: tl.constexpr,
                                      BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_S: tl.constexpr,
                                      BLOCK_SIZE_P: tl.constexpr):
     """Program (c, p): dx over its tiles of channel c; p = 0 stores dgamma[c]
-    and dbeta[c] (the module docstring has the formulas). The statistics and
-    sums come from the partials (SPLIT) or from this program's own sweeps."""
+    and dbeta[c] (the module docstring has the formulas; g is dL/dz, through
+    ACTIVATION). The statistics and sums come from the partials (SPLIT) or
+    from this program's own sweeps."""
     c = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     eps = from_float32_pair(eps_hi, eps_lo, COMPUTE_TYPE)
@@ -257,8 +279,8 @@ def _batchnorm_train_backward_kernel(grad, x, partials, gamma, gamma_stride, dx,
         db = tl.sum(sum_g)
         dg = istd * tl.sum(sum_gd + shift * sum_g)
     else:
-        count, mu, dmu, sqdev, db, sum_gd = _own_stats(x, grad, c, p, C, N, S, tiles_s, num_tiles,
-                                                       tiles_per_program, True, COMPUTE_TYPE,
+        count, mu, dmu, sqdev, db, sum_gd = _own_stats(x, grad, out, c, p, C, N, S, tiles_s, num_tiles,
+                                                       tiles_per_program, True, ACTIVATION, COMPUTE_TYPE,
                                                        BLOCK_SIZE_N, BLOCK_SIZE_S)
         istd = _inverse_std(sqdev, M, eps)
         dg = istd * (sum_gd - dmu * db)
@@ -270,20 +292,21 @@ def _batchnorm_train_backward_kernel(grad, x, partials, gamma, gamma_stride, dx,
     for t in range(t_lo, tl.minimum(t_lo + tiles_per_program, num_tiles)):
         offsets, mask, _count = _tile(t, c, C, N, S, tiles_s, BLOCK_SIZE_N, BLOCK_SIZE_S)
         v = tl.load(x + offsets, mask=mask, other=0.0).to(COMPUTE_TYPE)
-        g = tl.load(grad + offsets, mask=mask, other=0.0).to(COMPUTE_TYPE)
-        out = k * (M * g - db - (((v - mu) - dmu) * istd) * dg)
-        tl.store(dx + offsets, store_value(out, dx.dtype.element_ty, INTERP), mask=mask)
+        g = _load_grad(grad, out, offsets, mask, ACTIVATION, COMPUTE_TYPE)
+        d = k * (M * g - db - (((v - mu) - dmu) * istd) * dg)
+        tl.store(dx + offsets, store_value(d, dx.dtype.element_ty, INTERP), mask=mask)
 
 
 @triton.jit
-def _batchnorm_test_kernel(x, grad, gamma, gamma_stride, beta, beta_stride, mean, mean_stride, var, var_stride,
-                           y, partials, dgamma, dgamma_stride, dbeta, dbeta_stride,
+def _batchnorm_test_kernel(x, grad, out, gamma, gamma_stride, beta, beta_stride, mean, mean_stride, var,
+                           var_stride, y, partials, dgamma, dgamma_stride, dbeta, dbeta_stride,
                            C, N, S, tiles_s, num_tiles, tiles_per_program, splits, eps_hi, eps_lo,
-                           BACKWARD: tl.constexpr, SPLIT: tl.constexpr, COMPUTE_TYPE: tl.constexpr,
+                           BACKWARD: tl.constexpr, SPLIT: tl.constexpr, ACTIVATION: tl.constexpr,
+                           COMPUTE_TYPE: tl.constexpr,
                            INTERP: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_S: tl.constexpr):
-    """Program (c, p), over its tiles of channel c. Forward: y = gamma * (x -
-    mean) * istd + beta. Backward (BACKWARD): y receives dx = g * gamma *
-    istd, and the sums of g and g * xhat go to partials[c, 0:2, p] (SPLIT) or
+    """Program (c, p), over its tiles of channel c. Forward: y = act(gamma * (x -
+    mean) * istd + beta). Backward (BACKWARD), g = dL/dz through ACTIVATION from
+    the forward's output ``out``: y receives dx = g * gamma * istd, and the sums of g and g * xhat go to partials[c, 0:2, p] (SPLIT) or
     straight to dbeta[c] and dgamma[c]."""
     c = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
@@ -301,13 +324,13 @@ def _batchnorm_test_kernel(x, grad, gamma, gamma_stride, beta, beta_stride, mean
         offsets, mask, _count = _tile(t, c, C, N, S, tiles_s, BLOCK_SIZE_N, BLOCK_SIZE_S)
         v = tl.load(x + offsets, mask=mask, other=0.0).to(COMPUTE_TYPE)
         if BACKWARD:
-            g = tl.load(grad + offsets, mask=mask, other=0.0).to(COMPUTE_TYPE)
+            g = _load_grad(grad, out, offsets, mask, ACTIVATION, COMPUTE_TYPE)
             acc_g += g
             acc_gx += g * ((v - mean_c) * istd)
-            out = g * gamma_c * istd
+            result = g * gamma_c * istd
         else:
-            out = gamma_c * ((v - mean_c) * istd) + beta_c
-        tl.store(y + offsets, store_value(out, y.dtype.element_ty, INTERP), mask=mask)
+            result = numerics.activate(gamma_c * ((v - mean_c) * istd) + beta_c, ACTIVATION)
+        tl.store(y + offsets, store_value(result, y.dtype.element_ty, INTERP), mask=mask)
     if BACKWARD:
         if SPLIT:
             tl.store(partials + (c * 2) * splits + p, tl.sum(acc_g))
@@ -374,9 +397,9 @@ def _plan(spec, interpret):
     return _Plan(block_n, block_s, tiles_s, num_tiles, per_program, launch.cdiv(num_tiles, per_program))
 
 
-def _spec(x, per_channel, eps):
+def _spec(x, per_channel, eps, activation="identity"):
     """The batch-norm spec of the tensor ``x`` and its per-channel vectors."""
-    return batchnorm_spec(x.shape, tuple(v.shape for v in per_channel), x.dtype, eps)
+    return batchnorm_spec(x.shape, tuple(v.shape for v in per_channel), x.dtype, eps, activation)
 
 
 def _sizes(spec):
@@ -384,16 +407,16 @@ def _sizes(spec):
     return spec.channels, spec.x_shape[0], spec.spatial_size
 
 
-def _partial_stats(x, spec, plan, grad=None):
+def _partial_stats(x, spec, plan, grad=None, out=None, activation=numerics.ACT_IDENTITY.value):
     """The partial statistics of every channel (the first launch of a split
     reduction), in a new (C, FIELDS, splits) workspace of the compute type;
     without a split, no launch (the kernels take their own statistics)."""
     if plan.splits == 1:
         return x
     partials = launch.empty((spec.channels, FIELDS.value, plan.splits), _workspace_dtype(x), x.device)
-    launch.launch(_partial_stats_kernel, (spec.channels, plan.splits), x, x if grad is None else grad, partials,
-                  *_sizes(spec), *plan.tile_args, WITH_GRAD=grad is not None,
-                  COMPUTE_TYPE=numerics.compute_type(x.dtype), **plan.blocks)
+    launch.launch(_partial_stats_kernel, (spec.channels, plan.splits), x, x if grad is None else grad,
+                  x if out is None else out, partials, *_sizes(spec), *plan.tile_args, WITH_GRAD=grad is not None,
+                  ACTIVATION=activation, COMPUTE_TYPE=numerics.compute_type(x.dtype), **plan.blocks)
     return partials
 
 
@@ -402,28 +425,43 @@ def _workspace_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _train_forward(x, spec, gamma, beta, running, momentum, normalise):
+def _train_forward(x, spec, gamma, beta, running, momentum, normalise, moved=(),
+                   activation=numerics.ACT_IDENTITY.value):
     """A training-mode forward in one launch, or two with a split: y
     (``normalise``, else None) and, given ``running`` = (running_mean,
-    running_var), their move. Everything is allocated before the launch that
-    writes: a call that runs out of memory leaves the running statistics."""
+    running_var), their move, in place or into ``moved``. Everything is
+    allocated before the launch that writes: a call that runs out of memory
+    leaves the running statistics."""
     plan = _plan(spec, launch.INTERPRET)
     y = launch.empty(x.shape, x.dtype, x.device) if normalise else None
     if spec.channels == 0 or spec.values_per_channel == 0:
+        for source, destination in zip(running, moved):    # nothing moves: the moved ones are the old
+            copy.copy_into(destination, source)
         return y
     partials = _partial_stats(x, spec, plan)
     running_mean, running_var = running if running else (x, x)
+    moved_mean, moved_var = moved or (running_mean, running_var)
     launch.launch(_batchnorm_train_forward_kernel, (spec.channels, plan.splits if normalise else 1),
                   x, partials, gamma if normalise else x, gamma.stride(0) if normalise else 0,
                   beta if normalise else x, beta.stride(0) if normalise else 0, y if normalise else x,
                   running_mean, running_mean.stride(0) if running else 0,
                   running_var, running_var.stride(0) if running else 0,
+                  moved_mean, moved_mean.stride(0) if running else 0, moved_var, moved_var.stride(0) if running else 0,
                   *_sizes(spec), *plan.tile_args, spec.values_per_channel,
                   *numerics.float32_pair(spec.eps), *numerics.float32_pair(momentum),
-                  SPLIT=plan.splits > 1, NORMALISE=normalise, UPDATE_RUNNING=bool(running),
+                  SPLIT=plan.splits > 1, NORMALISE=normalise, UPDATE_RUNNING=bool(running), ACTIVATION=activation,
                   COMPUTE_TYPE=numerics.compute_type(x.dtype), INTERP=launch.INTERPRET,
                   BLOCK_SIZE_P=launch.next_pow2(plan.splits), **plan.blocks)
     return y
+
+
+def _grad_and_output(grad, out, activation):
+    """The dense gradient and output a backward reads (the output only for an
+    activation other than identity: it is not loaded otherwise) and the
+    ACTIVATION code."""
+    act = ACTIVATION_CODES[activation]
+    grad = copy.contiguous(grad)
+    return grad, (copy.contiguous(out) if act != numerics.ACT_IDENTITY.value else grad), act
 
 
 def _empty_channel_grads(spec, dx, gamma, beta):
@@ -441,63 +479,66 @@ def batchnorm_running_update_forward(x, running_mean, running_var, momentum=0.1)
     _train_forward(copy.contiguous(x), spec, None, None, (running_mean, running_var), momentum, normalise=False)
 
 
-def batchnorm_train_forward(x, gamma, beta, running_mean=None, running_var=None, eps=1e-5, momentum=0.1):
+def batchnorm_train_forward(x, gamma, beta, running_mean=None, running_var=None, moved_mean=None,
+                            moved_var=None, eps=1e-5, momentum=0.1, activation="identity"):
     running = () if running_mean is None else (running_mean, running_var)
-    spec = _spec(x, (gamma, beta) + running, eps)
-    return _train_forward(copy.contiguous(x), spec, gamma, beta, running, momentum, normalise=True)
+    moved = () if moved_mean is None else (moved_mean, moved_var)
+    spec = _spec(x, (gamma, beta) + running + moved, eps, activation)
+    return _train_forward(copy.contiguous(x), spec, gamma, beta, running, momentum, normalise=True, moved=moved,
+                          activation=ACTIVATION_CODES[spec.activation])
 
 
-def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, running_var=None, eps=1e-5,
-                             momentum=0.1):
-    none_for_running = () if running_mean is None else (None, None)
-    spec = _spec(x, (gamma, beta), eps)
+def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, running_var=None, moved_mean=None,
+                             moved_var=None, eps=1e-5, momentum=0.1, activation="identity"):
+    none_for_running = (None,) * sum(v is not None for v in (running_mean, running_var, moved_mean, moved_var))
+    spec = _spec(x, (gamma, beta), eps, activation)
     x = copy.contiguous(x)
     dx = launch.empty(x.shape, x.dtype, x.device)
     if spec.channels == 0 or spec.values_per_channel == 0:
         return _empty_channel_grads(spec, dx, gamma, beta) + none_for_running
-    grad = copy.contiguous(grad)
+    grad, out, act = _grad_and_output(grad, out, spec.activation)
     dgamma = launch.empty(gamma.shape, gamma.dtype, gamma.device)
     dbeta = launch.empty(beta.shape, beta.dtype, beta.device)
     plan = _plan(spec, launch.INTERPRET)
-    partials = _partial_stats(x, spec, plan, grad)
-    launch.launch(_batchnorm_train_backward_kernel, (spec.channels, plan.splits), grad, x, partials,
+    partials = _partial_stats(x, spec, plan, grad, out, act)
+    launch.launch(_batchnorm_train_backward_kernel, (spec.channels, plan.splits), grad, out, x, partials,
                   gamma, gamma.stride(0), dx, dgamma, 1, dbeta, 1, *_sizes(spec), *plan.tile_args,
                   spec.values_per_channel, *numerics.float32_pair(spec.eps), SPLIT=plan.splits > 1,
-                  COMPUTE_TYPE=numerics.compute_type(x.dtype), INTERP=launch.INTERPRET,
+                  ACTIVATION=act, COMPUTE_TYPE=numerics.compute_type(x.dtype), INTERP=launch.INTERPRET,
                   BLOCK_SIZE_P=launch.next_pow2(plan.splits), **plan.blocks)
     return (dx, dgamma, dbeta) + none_for_running
 
 
-def batchnorm_test_forward(x, gamma, beta, mean, var, eps=1e-5):
-    spec = _spec(x, (gamma, beta, mean, var), eps)
+def batchnorm_test_forward(x, gamma, beta, mean, var, eps=1e-5, activation="identity"):
+    spec = _spec(x, (gamma, beta, mean, var), eps, activation)
     x = copy.contiguous(x)
     y = launch.empty(x.shape, x.dtype, x.device)
     if spec.channels == 0 or spec.values_per_channel == 0:
         return y
     plan = _plan(spec, launch.INTERPRET)
-    launch.launch(_batchnorm_test_kernel, (spec.channels, plan.splits), x, x, gamma, gamma.stride(0),
+    launch.launch(_batchnorm_test_kernel, (spec.channels, plan.splits), x, x, x, gamma, gamma.stride(0),
                   beta, beta.stride(0), mean, mean.stride(0), var, var.stride(0), y, y, y, 0, y, 0,
                   *_sizes(spec), *plan.tile_args, *numerics.float32_pair(spec.eps), BACKWARD=False, SPLIT=False,
-                  COMPUTE_TYPE=numerics.compute_type(x.dtype), INTERP=launch.INTERPRET, **plan.blocks)
+                  ACTIVATION=ACTIVATION_CODES[spec.activation], COMPUTE_TYPE=numerics.compute_type(x.dtype), INTERP=launch.INTERPRET, **plan.blocks)
     return y
 
 
-def batchnorm_test_backward(grad, out, x, gamma, beta, mean, var, eps=1e-5):
-    spec = _spec(x, (gamma, beta, mean, var), eps)
+def batchnorm_test_backward(grad, out, x, gamma, beta, mean, var, eps=1e-5, activation="identity"):
+    spec = _spec(x, (gamma, beta, mean, var), eps, activation)
     x = copy.contiguous(x)
     dx = launch.empty(x.shape, x.dtype, x.device)
     if spec.channels == 0 or spec.values_per_channel == 0:
         return _empty_channel_grads(spec, dx, gamma, beta) + (None, None)
-    grad = copy.contiguous(grad)
+    grad, out, act = _grad_and_output(grad, out, spec.activation)
     dgamma = launch.empty(gamma.shape, gamma.dtype, gamma.device)
     dbeta = launch.empty(beta.shape, beta.dtype, beta.device)
     plan = _plan(spec, launch.INTERPRET)
     split = plan.splits > 1
     partials = launch.empty((spec.channels, 2, plan.splits), _workspace_dtype(x), x.device) if split else dx
-    launch.launch(_batchnorm_test_kernel, (spec.channels, plan.splits), x, grad, gamma, gamma.stride(0),
+    launch.launch(_batchnorm_test_kernel, (spec.channels, plan.splits), x, grad, out, gamma, gamma.stride(0),
                   beta, beta.stride(0), mean, mean.stride(0), var, var.stride(0), dx, partials,
                   dgamma, 1, dbeta, 1, *_sizes(spec), *plan.tile_args, *numerics.float32_pair(spec.eps),
-                  BACKWARD=True, SPLIT=split, COMPUTE_TYPE=numerics.compute_type(x.dtype),
+                  BACKWARD=True, SPLIT=split, ACTIVATION=act, COMPUTE_TYPE=numerics.compute_type(x.dtype),
                   INTERP=launch.INTERPRET, **plan.blocks)
     if split:
         launch.launch(_sum_partials_kernel, (spec.channels,), partials, dgamma, 1, dbeta, 1, plan.splits,

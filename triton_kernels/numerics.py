@@ -158,6 +158,46 @@ def sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 
 
+# --- activations applied inside a primitive's kernel -----------------------------------------
+# (the registry's fusable_activations: their derivative is a function of the output y, so a
+# fused primitive's backward reads y; reference/_activation.py has the same math)
+
+ACT_IDENTITY = tl.constexpr(0)
+ACT_RELU = tl.constexpr(1)
+ACT_SIGMOID = tl.constexpr(2)
+ACT_TANH = tl.constexpr(3)
+
+#: activation name (one of the registry's fusable_activations) -> its ACTIVATION code
+ACTIVATION_CODES = {"identity": ACT_IDENTITY.value, "relu": ACT_RELU.value, "sigmoid": ACT_SIGMOID.value,
+                    "tanh": ACT_TANH.value}
+
+
+@triton.jit
+def activate(z, ACTIVATION: tl.constexpr):
+    """act(z) in z's type: identity, relu (NaN stays NaN, as torch.relu), sigmoid, tanh."""
+    if ACTIVATION == ACT_RELU:
+        z = tl.where(z < 0, 0.0, z)
+    elif ACTIVATION == ACT_SIGMOID:
+        z = sigmoid(z)
+    elif ACTIVATION == ACT_TANH:
+        z = tanh(z)
+    return z
+
+
+@triton.jit
+def through_activation(g, y, ACTIVATION: tl.constexpr):
+    """dL/dz = g * act'(z) from the output y = act(z): identity g; relu
+    [not y <= 0] (0 at 0, g at NaN: torch's threshold_backward); sigmoid
+    g y (1 - y); tanh g (1 - y^2)."""
+    if ACTIVATION == ACT_RELU:
+        g = tl.where(y <= 0, 0.0, g)
+    elif ACTIVATION == ACT_SIGMOID:
+        g = g * (y * (1.0 - y))
+    elif ACTIVATION == ACT_TANH:
+        g = g * (1.0 - y * y)
+    return g
+
+
 # --- the dot product ----------------------------------------------------------------------
 # Kernels that multiply blocks take a constexpr ``DOT`` that says how (one of the
 # four kinds below, chosen on the host by ``dot_kind``).

@@ -17,7 +17,32 @@ class Layer:
     _big_show = False
 
     def _children(self):
-        return {k: v for k, v in vars(self).items() if holds_arrays(v)}
+        # every walk of a model (gradient, update, gpu, fmap, state) asks each layer for its
+        # children, so the names are remembered until an attribute is set or deleted:
+        # ``names`` hold an array, a layer or a tuple of them (re-checked: ``fmap`` may
+        # put anything there), ``mutable`` are lists and dicts (re-checked: they can
+        # gain arrays in place, ``chain.layers.append(...)``); the rest cannot change unseen
+        d = vars(self)
+        cached = d.get("_children_names")
+        if cached is not None:
+            names, mutable = cached
+            kids = {k: d[k] for k in names if k in d and holds_arrays(d[k])}
+            if len(kids) == len(names):
+                if mutable:
+                    return {k: d[k] for k in d if k in kids or (k in mutable and holds_arrays(d[k]))}
+                return kids
+        kids = {k: v for k, v in d.items() if k != "_children_names" and holds_arrays(v)}
+        mutable = frozenset(k for k, v in d.items() if isinstance(v, (list, dict)))
+        d["_children_names"] = (tuple(k for k in kids if k not in mutable), mutable)
+        return kids
+
+    def __setattr__(self, name, value):
+        self.__dict__.pop("_children_names", None)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        self.__dict__.pop("_children_names", None)
+        object.__delattr__(self, name)
 
     def __repr__(self):
         return layer_repr(self)

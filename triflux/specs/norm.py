@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from ..dtypes import as_dtype, compute_dtype
 from ..errors import ShapeError
+from ..primitives import REGISTRY
+
+#: the activations batchnorm_train and batchnorm_test apply in their own kernels
+FUSABLE_ACTIVATIONS = REGISTRY["batchnorm_train"].fusable_activations
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,7 @@ class BatchNormSpec:
     dtype: object            #: x's NumPy dtype
     compute_dtype: object    #: the dtype statistics and results are computed in
     eps: float
+    activation: str = "identity"   #: applied to the normalised output (one of FUSABLE_ACTIVATIONS)
 
     @property
     def channels(self):
@@ -48,10 +53,11 @@ class BatchNormSpec:
 
 
 @functools.lru_cache(maxsize=1024)
-def batchnorm_spec(x_shape, channel_shapes, dtype, eps):
+def batchnorm_spec(x_shape, channel_shapes, dtype, eps, activation="identity"):
     """The spec of a batch norm of ``x`` with per-channel vectors of
     ``channel_shapes`` (gamma, beta[, mean, var]); raises ShapeError when
-    they do not fit ``x`` and ValueError for a negative ``eps``."""
+    they do not fit ``x`` and ValueError for a negative ``eps`` or an
+    activation it cannot fuse."""
     x_shape = tuple(int(s) for s in x_shape)
     if len(x_shape) < 2:
         raise ShapeError(f"batch norm needs x of shape (N, C, ...), got shape {x_shape}")
@@ -64,5 +70,9 @@ def batchnorm_spec(x_shape, channel_shapes, dtype, eps):
     eps = float(eps)
     if not eps >= 0:
         raise ValueError(f"batch norm: eps must be >= 0, got {eps}")
+    if activation not in FUSABLE_ACTIVATIONS:
+        raise ValueError(f"batch norm: activation {activation!r} is not one it applies itself "
+                         f"({', '.join(FUSABLE_ACTIVATIONS)}); apply it to the output instead")
     dtype = as_dtype(dtype)
-    return BatchNormSpec(x_shape=x_shape, dtype=dtype, compute_dtype=compute_dtype(dtype), eps=eps)
+    return BatchNormSpec(x_shape=x_shape, dtype=dtype, compute_dtype=compute_dtype(dtype), eps=eps,
+                         activation=activation)

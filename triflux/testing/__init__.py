@@ -132,3 +132,24 @@ def finite_max(a):
     a = np.abs(np.asarray(a, dtype=np.float64))
     a = a[np.isfinite(a)]
     return float(a.max()) if a.size else 0.0
+
+
+#: |act'(y)| + |d act'/dy| |y| in terms of the output y = act(z), for the activations a
+#: primitive fuses (the registry's fusable_activations): the size of the terms of
+#: act'(y) when y carries a rounding error of u |y| (a fused backward reads the rounded y)
+_ACTIVATION_SENSITIVITY = {
+    "identity": lambda y: np.ones_like(y),
+    "relu": lambda y: (y > 0).astype(np.float64),
+    "sigmoid": lambda y: y * np.abs(1 - y) + np.abs(1 - 2 * y) * y,
+    "tanh": lambda y: np.abs(1 - y * y) + 2 * y * y,
+}
+
+
+def through_activation_terms(grad, out, activation, who):
+    """|dL/dz|'s term sizes |G| (|act'(y)| + |d act'/dy| |y|) for a fused
+    activation's backward (see ``_ACTIVATION_SENSITIVITY``), in float64."""
+    if activation not in _ACTIVATION_SENSITIVITY:
+        raise LookupError(f"{who}: no sensitivity for the activation {activation!r}; "
+                          "add it to _ACTIVATION_SENSITIVITY in triflux/testing/__init__.py")
+    y = np.abs(np.asarray(out, dtype=np.float64))
+    return np.abs(np.asarray(grad, dtype=np.float64)) * _ACTIVATION_SENSITIVITY[activation](y)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..reference.conv import conv2d_backward
 from ..specs.conv import FUSABLE_ACTIVATIONS
-from . import Case, finite_max, floats, layouts_for
+from . import Case, finite_max, floats, layouts_for, through_activation_terms
 from .elementwise import nonfinite_draw, with_nonfinite
 
 
@@ -143,16 +143,6 @@ def conv2d_bias_act_torch(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation
             "tanh": torch.tanh}[activation](z)
 
 
-#: |act'(y)| + |d act'/dy| |y| in terms of the output y = act(z): the size of
-#: the terms of act'(y) when y carries a rounding error of u |y|
-_ACTIVATION_SENSITIVITY = {
-    "identity": lambda y: np.ones_like(y),
-    "relu": lambda y: (y > 0).astype(np.float64),
-    "sigmoid": lambda y: y * np.abs(1 - y) + np.abs(1 - 2 * y) * y,
-    "tanh": lambda y: np.abs(1 - y * y) + 2 * y * y,
-}
-
-
 def conv2d_bias_act_magnitude(direction, *, inputs, attrs, out=None, grad=None, reference=None):
     """Forward: a sum of products (the conv) through a monotone activation,
     bounded by the same computation on |x|, |w|, |b|.
@@ -163,12 +153,7 @@ def conv2d_bias_act_magnitude(direction, *, inputs, attrs, out=None, grad=None, 
     x, w, b = (np.abs(np.asarray(a, dtype=np.float64)) for a in inputs)
     if direction == "forward":
         return finite_max(reference(x, w, b, **attrs))
-    activation = attrs["activation"]
-    if activation not in _ACTIVATION_SENSITIVITY:
-        raise LookupError(f"conv2d_bias_act_magnitude: no sensitivity for the activation {activation!r}; "
-                       "add it to _ACTIVATION_SENSITIVITY in triflux/testing/conv.py")
-    y = np.abs(np.asarray(out, dtype=np.float64))
-    gz = np.abs(np.asarray(grad, dtype=np.float64)) * _ACTIVATION_SENSITIVITY[activation](y)
+    gz = through_activation_terms(grad, out, attrs["activation"], "conv2d_bias_act_magnitude")
     conv_attrs = {k: v for k, v in attrs.items() if k != "activation"}
     dx, dw = conv2d_backward(gz, gz, x, w, **conv_attrs)
     return (finite_max(dx), finite_max(dw), finite_max(gz.sum(axis=(0, 2, 3))))

@@ -18,12 +18,18 @@ normalised values are +-1 up to eps, so the backward cancels to (nearly) zero
 and a relative comparison with torch measures only roundoff; those cases
 are pinned by tests/test_norm_family.py instead.
 
+``batchnorm_train`` and ``batchnorm_test`` draw one of their fusable
+activations (identity in about half the draws); the oracle applies torch's.
+
 ``batchnorm_running_update`` draws x as the train strategy does (M = 0 or
 >= 3; M = 1 is where triflux and torch part, pinned by the family's tests),
 running means near x's (offset included) and positive running variances,
 and momenta from 0 to 1. Its oracle returns the new running statistics.
 """
-from . import Case, floats, layouts_for
+import numpy as np
+
+from ..specs.norm import FUSABLE_ACTIVATIONS
+from . import Case, finite_max, floats, layouts_for, through_activation_terms
 from .elementwise import nonfinite_draw, with_nonfinite
 
 EPS_CHOICES = (1e-5, 1e-3, 0.1)
@@ -31,7 +37,6 @@ EPS_CHOICES = (1e-5, 1e-3, 0.1)
 
 def _nonzero(st, n, low=0.25, high=2.0):
     """n values with |v| in [low, high], random signs."""
-    import numpy as np
     return st.tuples(floats((n,), low, high), st.lists(st.sampled_from((-1.0, 1.0)), min_size=n,
                                                         max_size=n)).map(
         lambda t: t[0] * np.asarray(t[1], dtype=np.float64).reshape((n,)))
@@ -72,9 +77,12 @@ def _case(st, draw, train):
     gamma = draw(floats((c,), -2.0, 2.0))
     beta = draw(_nonzero(st, c))
     eps = draw(st.sampled_from(EPS_CHOICES))
+    attrs = {"eps": eps}
+    if draw(st.booleans()):
+        attrs["activation"] = draw(st.sampled_from(FUSABLE_ACTIVATIONS))
     inputs = (x, gamma, beta) + (() if train else _statistics(draw, c, offset))
-    return Case(inputs=inputs, attrs={"eps": eps}, layouts=draw(layouts_for(len(inputs))),
-                grad_inputs=(0, 1, 2), note=f"{note} eps={eps}")
+    return Case(inputs=inputs, attrs=attrs, layouts=draw(layouts_for(len(inputs))),
+                grad_inputs=(0, 1, 2), note=f"{note} {attrs}")
 
 
 MOMENTUM_CHOICES = (0.0, 0.01, 0.1, 0.5, 1.0)
@@ -107,22 +115,75 @@ def _empty(x, gamma, beta):
     return x * 1 + (gamma.sum() + beta.sum()) * 0
 
 
-def batchnorm_train_torch(x, gamma, beta, eps=1e-5):
-    """torch's training-mode batch norm (batch statistics, no running stats).
-    ``torch.batch_norm`` is ``F.batch_norm`` without its check that a channel
-    has more than one value."""
+def _activate(y, activation):
+    import torch
+    return {"identity": lambda t: t, "relu": torch.relu, "sigmoid": torch.sigmoid,
+            "tanh": torch.tanh}[activation](y)
+
+
+def batchnorm_train_torch(x, gamma, beta, eps=1e-5, activation="identity"):
+    """torch's training-mode batch norm (batch statistics, no running stats),
+    then torch's activation. ``torch.batch_norm`` is ``F.batch_norm`` without
+    its check that a channel has more than one value."""
     import torch
     if x.numel() == 0:  # torch cannot index a channel that is not there (C = 0)
         return _empty(x, gamma, beta)
-    return torch.batch_norm(x, gamma, beta, None, None, True, 0.1, eps, False)
+    return _activate(torch.batch_norm(x, gamma, beta, None, None, True, 0.1, eps, False), activation)
 
 
-def batchnorm_test_torch(x, gamma, beta, mean, var, eps=1e-5):
-    """torch's evaluation-mode batch norm with the given statistics."""
+def batchnorm_test_torch(x, gamma, beta, mean, var, eps=1e-5, activation="identity"):
+    """torch's evaluation-mode batch norm with the given statistics, then its activation."""
     import torch
     if x.numel() == 0:
         return _empty(x, gamma, beta)
-    return torch.nn.functional.batch_norm(x, mean, var, gamma, beta, training=False, eps=eps)
+    return _activate(torch.nn.functional.batch_norm(x, mean, var, gamma, beta, training=False, eps=eps),
+                     activation)
+
+
+def _xhat_and_istd(x, eps, mean=None, var=None):
+    """|xhat| and istd per channel (float64) from the batch's statistics or the given ones."""
+    x = np.asarray(x, dtype=np.float64)
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    with np.errstate(all="ignore"):
+        if mean is None:
+            mean, var = np.mean(x, axis=axes, keepdims=True), np.var(x, axis=axes, keepdims=True)
+        else:
+            mean, var = np.reshape(mean, shape), np.reshape(var, shape)
+        istd = 1 / np.sqrt(var + eps)
+        return np.abs((x - mean) * istd), istd, axes, shape
+
+
+def _fused_backward_floor(inputs, attrs, out, grad, train):
+    """With an activation, the backward reads the rounded output y, so dL/dz
+    carries terms of size T = |G| (|act'| + |d act'/dy| |y|)
+    (``through_activation_terms``); dbeta sums T, dgamma sums T |xhat|, and dx
+    is made of |gamma| istd (T + [train] (sum T + |xhat| sum T |xhat|) / M).
+    None (no floor) without an activation."""
+    activation = attrs.get("activation", "identity")
+    if activation == "identity" or np.size(inputs[0]) == 0:
+        return None
+    x, gamma = inputs[0], np.abs(np.asarray(inputs[1], dtype=np.float64))
+    t = through_activation_terms(grad, out, activation, "batchnorm magnitude")
+    xhat, istd, axes, shape = _xhat_and_istd(x, attrs["eps"], *(() if train else inputs[3:5]))
+    with np.errstate(all="ignore"):
+        dbeta, dgamma = t.sum(axis=axes), (t * xhat).sum(axis=axes)
+        dx = t
+        if train:
+            m = np.size(x) // np.shape(x)[1]
+            dx = t + (dbeta.reshape(shape) + xhat * dgamma.reshape(shape)) / m
+        dx = gamma.reshape(shape) * istd * dx
+    return (finite_max(dx), finite_max(dgamma), finite_max(dbeta)) + (None,) * (len(inputs) - 3)
+
+
+def batchnorm_train_magnitude(direction, *, inputs, attrs, out=None, grad=None, reference=None):
+    """Backward with an activation: see :func:`_fused_backward_floor`."""
+    return None if direction == "forward" else _fused_backward_floor(inputs, attrs, out, grad, train=True)
+
+
+def batchnorm_test_magnitude(direction, *, inputs, attrs, out=None, grad=None, reference=None):
+    """Backward with an activation: see :func:`_fused_backward_floor`."""
+    return None if direction == "forward" else _fused_backward_floor(inputs, attrs, out, grad, train=False)
 
 
 def batchnorm_running_update_torch(x, running_mean, running_var, momentum=0.1):
