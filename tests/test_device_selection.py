@@ -7,11 +7,15 @@ import logging
 import numpy as np
 import pytest
 
+import importlib
+
 import triflux as tf
-from triflux import backend, devices
+from triflux import backend
 from triflux.backend import Facts, status_from, visible_ordinals
 from triflux.errors import DeviceMismatchError, NoGPUError
 from helpers import run_python
+
+devices = importlib.import_module("triflux.devices")   # the module (`triflux.devices` is the function)
 
 # --- detection logic, from facts alone -------------------------------------------------
 
@@ -162,6 +166,46 @@ def test_cuda_build_with_two_gpus_selects_by_index(fake):
         tf.get_device("CUDA", 2)
 
 
+def test_devices_and_move_code_on_two_gpus(fake):
+    fake(CUDA_BUILD)
+    assert tf.devices("CUDA") == [tf.CUDADevice(0), tf.CUDADevice(1)] and tf.devices("AMDGPU") == []
+    assert devices.move_code(tf.CUDADevice(0), "m") == "gpu(m)"
+    assert devices.move_code(tf.CUDADevice(1), "m") == 'get_device("CUDA", 1)(m)'
+    fake(ROCM_BUILD)
+    assert tf.devices("AMDGPU") == [tf.AMDGPUDevice(0)] and tf.devices("CUDA") == []
+
+
+INTERPRETER_ADVICE = "set TRITON_INTERPRET=1 in the environment before importing triflux"
+
+
+@pytest.mark.parametrize("facts, name, says", [
+    (dataclasses.replace(INTERP, cuda_visible_devices="-1"), "CUDA",
+     "CUDA_VISIBLE_DEVICES='-1' hides all GPUs and the Triton interpreter's virtual devices. Unset "
+     "CUDA_VISIBLE_DEVICES (or list the devices to use, e.g. CUDA_VISIBLE_DEVICES=0), or run on the CPU device"),
+    (dataclasses.replace(CUDA_BUILD, cuda_visible_devices="-1"), "CUDA", "hides all GPUs. Unset CUDA_VISIBLE_DEVICES"),
+    (NO_TORCH, "CUDA", "Install the GPU extra (`pip install triflux[gpu]`), or run on the CPU device (`cpu(x)`)"),
+    (NO_TRITON, "CUDA", "triton is not installed"),
+    (INTERP, "AMDGPU", 'Use the CUDA device the interpreter serves (`get_device("CUDA")`)'),
+    (dataclasses.replace(INTERP, interpreter_devices="0"), "CUDA", "Set TRIFLUX_INTERPRETER_DEVICES to the number"),
+    (dataclasses.replace(INTERP, triton_version="3.6.0", numpy_version="2.4.0"), "CUDA",
+     "install `numpy<2.4`, or Triton 3.9. Install versions that work together, or run on the CPU device"),
+    (NO_DRIVER, "CUDA", f"Run on the CPU device (`cpu(x)`), or {INTERPRETER_ADVICE} to run the Triton kernels"),
+    (CPU_TORCH, "CUDA", INTERPRETER_ADVICE),
+    (CUDA_BUILD, "AMDGPU", f"{INTERPRETER_ADVICE} to run the Triton kernels in the interpreter on the CUDA "
+                           "device (the interpreter serves CUDA only)"),
+])
+def test_advice_fits_the_situation(fake, facts, name, says):
+    """The interpreter is suggested only where it can help: not when it is on
+    already, nor without torch or triton."""
+    fake(facts)
+    with pytest.raises(NoGPUError) as e:
+        tf.get_device(name)
+    msg = str(e.value)
+    assert says in msg
+    if facts.interpreter or facts.torch_version is None or facts.triton_version is None:
+        assert "TRITON_INTERPRET=1 in the environment" not in msg
+
+
 def test_no_gpu_selects_the_cpu_and_force_raises(fake):
     fake(CPU_TORCH)
     assert tf.get_device() == tf.cpu_device() == tf.gpu_device()
@@ -238,6 +282,7 @@ def test_cuda_visible_devices_renumbers_interpreter_devices():
         import triflux as tf
         from triflux import backend
         print(backend.device_count("CUDA"), tf.get_device("CUDA", 0).name, "|", tf.get_device("CUDA", 1).name)
+        assert tf.devices("CUDA") == [tf.CUDADevice(0), tf.CUDADevice(1)]
         x = tf.get_device("CUDA", 1)(tf.ones(2))
         print(tf.get_device(x))
         try:
@@ -348,7 +393,8 @@ def test_gpus_do_not_mix(two_gpus):
     with pytest.raises(DeviceMismatchError) as e:
         d0(np.ones(2, np.float32)) + d1(np.ones(2, np.float32))
     msg = str(e.value)
-    assert "CUDADevice(0)" in msg and "CUDADevice(1)" in msg and "`CUDADevice(0)(x)`" in msg and "`CUDADevice(1)(x)`" in msg
+    # valid code for each side: the default GPU device is gpu(x), the other one by name
+    assert "CUDADevice(0)" in msg and "CUDADevice(1)" in msg and "`gpu(x)`" in msg and '`get_device("CUDA", 1)(x)`' in msg
     m1 = d1(tf.Dense(3, 2))
     with pytest.raises(DeviceMismatchError) as e:
         m1(d0(np.ones((1, 3), np.float32)))

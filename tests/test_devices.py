@@ -1,4 +1,6 @@
 """Devices and moving structures; the errors the seeds' users needed."""
+import re
+
 import numpy as np
 import pytest
 
@@ -87,6 +89,20 @@ def test_get_device_of_objects():
             tf.get_device(m)
 
 
+def test_mixed_devices_message_gives_code_that_runs():
+    """The fix in a device-mismatch message is valid code for each side."""
+    if not tf.functional("CUDA"):
+        pytest.skip("needs a CUDA device (real, or the interpreter's)")
+    a, b = tf.cpu(np.ones(3, np.float32)), tf.gpu(np.ones(3, np.float32))
+    with pytest.raises(DeviceMismatchError) as err:
+        a + b
+    snippets = re.findall(r"`([^`]+)` moves x to", str(err.value))
+    assert snippets == ["cpu(x)", "gpu(x)"], str(err.value)
+    for code, target in zip(snippets, (a, b)):
+        moved = eval(code, {"cpu": tf.cpu, "gpu": tf.gpu, "x": np.ones(2, np.float32)})
+        assert moved.device == target.device
+
+
 def test_without_a_gpu_backend():
     """CUDA_VISIBLE_DEVICES=-1, no interpreter (one subprocess for three checks):
     `gpu` is a no-op; asking for a CUDA device gives a triflux error; even a
@@ -117,9 +133,18 @@ def test_without_a_gpu_backend():
 
 
 def test_cuda_visible_devices_minus_one_disables_the_interpreter_too():
-    r = run_python("import triflux as tf; print(tf.functional('CUDA'))",
-                   env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "-1"})
-    assert r.stdout.strip() == "False", r.stderr
+    r = run_python("""
+        import triflux as tf
+        print(tf.functional('CUDA'), tf.devices('CUDA'))
+        try:
+            tf.get_device("CUDA")
+        except tf.NoGPUError as e:
+            print(e)
+    """, env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "-1"})
+    out = r.stdout.splitlines()
+    assert out[0] == "False []", r.stderr
+    assert "hides all GPUs and the Triton interpreter's virtual devices. Unset CUDA_VISIBLE_DEVICES" in out[1]
+    assert "TRITON_INTERPRET=1" not in out[1]         # it is set already: no advice to set it
 
 
 def test_gpu_backend_preference_roundtrip(tmp_path):

@@ -147,8 +147,8 @@ def test_layer_entry_device_check_names_layer_devices_and_fix(monkeypatch, case,
         msg = str(e.value)
         assert msg.startswith(name), msg
         assert f"parameters are on {pdev!r}" in msg and f"input is on {xdev!r}" in msg
-        fix_x = "cpu" if pdev.is_cpu else "CUDADevice(0)"
-        fix_m = "cpu" if xdev.is_cpu else "CUDADevice(0)"
+        fix_x = "cpu" if pdev.is_cpu else "gpu"        # valid code: the default GPU device is gpu(...)
+        fix_m = "cpu" if xdev.is_cpu else "gpu"
         assert f"`x = {fix_x}(x)`" in msg and f"`model = {fix_m}(model)`" in msg
     monkeypatch.undo()
     after = tf.state(model)

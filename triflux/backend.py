@@ -209,8 +209,9 @@ def status_from(backend, f):
     if backend not in ("CUDA", "AMDGPU"):
         raise ValueError(f"unknown backend {backend!r}; valid backends are CUDA, AMDGPU, Metal, CPU")
     cvd = f.cuda_visible_devices
-    if cvd is not None and cvd.strip() in ("-1", ""):
-        return False, f"CUDA_VISIBLE_DEVICES={cvd!r} hides all GPUs (unset it to use them)"
+    if _hides_everything(cvd):
+        hidden = "all GPUs and the Triton interpreter's virtual devices" if f.interpreter else "all GPUs"
+        return False, f"CUDA_VISIBLE_DEVICES={cvd!r} hides {hidden}"
     if f.torch_version is None:
         return False, f"torch is not installed ({INSTALL_HINT})"
     if f.triton_version is None:
@@ -284,9 +285,35 @@ def describe_visibility(f=None):
     return s
 
 
+def _hides_everything(cuda_visible_devices):
+    return cuda_visible_devices is not None and cuda_visible_devices.strip() in ("-1", "")
+
+
+def advice(backend, f):
+    """What to do when ``backend`` is not functional given the facts ``f``:
+    only steps that can help in this situation (the interpreter is not
+    suggested when it is on already, or when torch or triton is missing)."""
+    on_cpu = "run on the CPU device (`cpu(x)`)"
+    if _hides_everything(f.cuda_visible_devices):
+        return f"Unset CUDA_VISIBLE_DEVICES (or list the devices to use, e.g. CUDA_VISIBLE_DEVICES=0), or {on_cpu}"
+    if f.torch_version is None or f.triton_version is None:
+        return f"Install the GPU extra (`pip install triflux[gpu]`), or {on_cpu}, which needs neither"
+    if f.interpreter:
+        if backend == "AMDGPU":
+            return f'Use the CUDA device the interpreter serves (`get_device("CUDA")`), or {on_cpu}'
+        n, err = interpreter_pool(f)
+        if err or not visible_ordinals(f.cuda_visible_devices, n):
+            return (f"Set {INTERPRETER_DEVICES_VAR} to the number of virtual devices (default 1) and "
+                    f"CUDA_VISIBLE_DEVICES to a list of them (or unset it), or {on_cpu}")
+        return f"Install versions that work together, or {on_cpu}"
+    target = "the CUDA device" if backend == "CUDA" else "the CUDA device (the interpreter serves CUDA only)"
+    return (f"Run on the CPU device (`cpu(x)`), or set TRITON_INTERPRET=1 in the environment before importing "
+            f"triflux to run the Triton kernels in the interpreter on {target}")
+
+
 def require(backend="CUDA"):
+    """Raise a ``NoGPUError`` saying why ``backend`` is not functional and
+    what can be done about it here."""
     ok, why = status(backend)
     if not ok:
-        raise NoGPUError(f"no {backend} GPU backend is functional here: {why}. "
-                         "Run on the CPU device (`cpu(x)`), or set TRITON_INTERPRET=1 "
-                         "before importing triflux to run the Triton kernels in the interpreter.")
+        raise NoGPUError(f"no {backend} GPU backend is functional here: {why}. {advice(backend, facts())}.")

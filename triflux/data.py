@@ -38,7 +38,8 @@ import numpy as np
 
 from . import backend, memory
 from . import dtypes as _dt
-from .errors import ShapeError
+from .arguments import flag_arg, int_arg, is_int
+from .errors import ArgumentError, ShapeError
 from .moving import move
 from .tensor import Tensor, torch_to_numpy, transfer
 
@@ -317,14 +318,12 @@ class DataLoader:
 
     def __init__(self, data, batchsize=1, shuffle=False, partial=True, rng=None, *, device=None,
                  f64_to_f32=False):
-        if int(batchsize) < 1:
-            raise ValueError(f"DataLoader: batchsize must be >= 1, got {batchsize}")
+        self.batchsize = int_arg(batchsize, "DataLoader", "batchsize (observations per batch)")
+        self.shuffle = flag_arg(shuffle, "DataLoader", "shuffle")
+        self.partial = flag_arg(partial, "DataLoader", "partial")
+        self.rng = _generator(rng)
         self._kinds = [type(x).__name__ for _, x in _walk(data) if is_data_container(x)]   # for repr
         self.data = _arrays_behind(data)
-        self.batchsize = int(batchsize)
-        self.shuffle = bool(shuffle)
-        self.partial = bool(partial)
-        self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         self.device = device
         self._f64_to_f32 = f64_to_f32
         self._batch_maps = ()     # applied to each batch a container gives (``_converted``)
@@ -424,6 +423,16 @@ class DataLoader:
         of = f" of {', '.join(self._kinds)}" if self._kinds else ""
         return (f"DataLoader({self.nobs} observations{of}, batchsize={self.batchsize}, "
                 f"shuffle={self.shuffle}, partial={self.partial}{dev})  # {len(self)} batches")
+
+
+def _generator(rng):
+    """``rng`` (a NumPy Generator, a seed: an int >= 0, or None) as a Generator."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if rng is None or is_int(rng) and rng >= 0:
+        return np.random.default_rng(rng)
+    raise ArgumentError(f"DataLoader: rng must be a NumPy Generator (`np.random.default_rng(seed)`), a seed "
+                        f"(an int >= 0) or None, got {rng!r} ({type(rng).__name__})")
 
 
 @move.register

@@ -3,14 +3,21 @@ choosing one (``select_device``, ``gpu_device``, ``as_device``).
 
 A device is a small hashable value: ``CPUDevice()``, ``CUDADevice(idx)``,
 ``AMDGPUDevice(idx)``, ``MetalDevice()``. Calling one on any structure
-moves it there (``triflux.moving`` gives devices that call).
+moves it there (``triflux.moving`` gives devices that call); ``devices(name)``
+lists a backend's devices; ``move_code(device)`` is the code an error message
+shows to move data there.
+
+``triflux.devices`` (the package attribute) is the function ``devices``, not
+this module: reach the module with ``from triflux.devices import ...`` or
+``importlib.import_module("triflux.devices")``.
 """
 import gc
 import logging
 import sys
 
 from . import backend
-from .errors import BackendNotSupportedError, NoGPUError
+from .arguments import is_int
+from .errors import ArgumentError, BackendNotSupportedError, NoGPUError
 from .preferences import gpu_backend_preference
 
 SUPPORTED = ("CUDA", "AMDGPU", "Metal", "CPU")
@@ -56,14 +63,20 @@ class CPUDevice(Device):
         return "CPUDevice()"
 
 
+def ordinal(idx, who):
+    """``idx`` as a device index: an int >= 0 (0-based among the visible
+    devices), or an ArgumentError naming ``who``."""
+    if not is_int(idx) or idx < 0:
+        raise ArgumentError(f"{who}: the device index must be an int >= 0 (0, 1, ...: the ordinal among the "
+                            f"visible devices), got {idx!r} ({type(idx).__name__})")
+    return int(idx)
+
+
 class _TritonDevice(Device):
     """A GPU served by Triton kernels; torch only holds the memory."""
 
     def __init__(self, idx=0):
-        idx = int(idx)
-        if idx < 0:
-            raise ValueError(f"{type(self).__name__} index must be >= 0, got {idx}")
-        self.idx = idx
+        self.idx = ordinal(idx, type(self).__name__)
 
     @property
     def torch_device(self):
@@ -186,14 +199,19 @@ def _device_for(name, idx):
     return dev
 
 
-def _parse_name(name, idx):
-    """"CUDA" or "cuda:1" -> (canonical backend, idx)."""
+def _split_name(name, idx):
+    """"CUDA" or "cuda:1" -> (name before the colon, idx)."""
     base, sep, rest = str(name).partition(":")
     if sep:
-        try:
-            idx = int(rest)
-        except ValueError:
-            raise ValueError(f"bad device name {name!r}; write it like 'cuda:1'") from None
+        if not rest.strip().isdigit():
+            raise ValueError(f"bad device name {name!r}; write it like 'cuda:1'")
+        idx = int(rest)
+    return base, idx
+
+
+def _parse_name(name, idx):
+    """"CUDA" or "cuda:1" -> (canonical backend, idx)."""
+    base, idx = _split_name(name, idx)
     return _canonical(base), idx
 
 
@@ -213,7 +231,7 @@ def select_device(backend_name=None, idx=0, verbose=False):
         [ Info: No functional GPU backend found! Defaulting to CPU.
         [ Info: Using backend: CPU.
     """
-    idx = int(idx)
+    idx = ordinal(idx, "get_device")
     log = _verbose_logger() if verbose else _Quiet()
     if backend_name is not None:
         name, idx = _parse_name(backend_name, idx)
@@ -281,11 +299,49 @@ def as_device(device):
     if isinstance(device, Device):
         return device
     if isinstance(device, str):
-        name, _, idx = device.partition(":")
-        if name.lower() == "gpu":
-            return gpu_device()
-        return select_device(_canonical(name), int(idx or 0))
-    raise TypeError(f"not a device: {device!r}")
+        base, idx = _split_name(device, 0)
+        if base.lower() == "gpu":
+            return gpu_device(idx)
+        return select_device(device)
+    raise TypeError(f"not a device: {device!r}; give a device object (`gpu_device()`, `cpu_device()`) "
+                    "or a name such as \"cpu\", \"cuda\", \"cuda:1\", \"gpu\"")
+
+
+def devices(backend_name):
+    """Every visible device of ``backend_name`` ("CUDA", "AMDGPU", "Metal",
+    "CPU", any case), as CUDA.jl's ``CUDA.devices()`` or counting with
+    ``torch.cuda.device_count()``: ``devices("CUDA")`` is ``[CUDADevice(0),
+    CUDADevice(1), ...]`` (0-based among the devices ``CUDA_VISIBLE_DEVICES``
+    shows), ``devices("CPU")`` is ``[CPUDevice()]``. A backend that is not
+    functional here has no devices: ``[]`` (``functional(name)`` and
+    ``select_device(name)`` say why). An unknown name is a ValueError listing
+    ``supported_devices()``.
+
+    The package attribute ``triflux.devices`` is this function; the module's
+    names are imported as ``from triflux.devices import ...``."""
+    name = _canonical(backend_name)
+    if name == "CPU":
+        return [CPU]
+    if name == "Metal":
+        return []
+    return [DEVICE_CLASSES[name](k) for k in range(backend.device_count(name))]
+
+
+def move_code(device, x="x"):
+    """Valid code that moves ``x`` to ``device``, for the fix in an error
+    message: ``cpu(x)``, ``gpu(x)`` (the default GPU device), otherwise
+    ``get_device("CUDA", 1)(x)``. (``gpu`` also turns float64 into float32;
+    a device call keeps dtypes.)"""
+    if device.is_cpu:
+        return f"cpu({x})"
+    try:
+        default = select_device()
+    except Exception:    # a message must not fail: name the device explicitly
+        default = None
+    if device == default:
+        return f"gpu({x})"
+    index = "" if device.idx is None else f", {device.idx}"
+    return f'get_device("{device.backend}"{index})({x})'
 
 
 def reclaim():

@@ -11,6 +11,7 @@ call on the tape while ``gradient`` runs. The user-facing functions of
 calls the backward implementations, optimisers the in-place updates.
 """
 from . import tape
+from .devices import move_code
 from .errors import DeviceMismatchError
 from .tensor import Tensor
 
@@ -24,15 +25,11 @@ def implementation(prim, device, direction="forward"):
 def device_mismatch(opname, devices):
     """The ``DeviceMismatchError`` for operation ``opname`` given tensors on ``devices``."""
     a, b = devices[0], next(d for d in devices if d != devices[0])
-    if not a.is_cpu and not b.is_cpu:   # two GPUs
-        return DeviceMismatchError(
-            f"`{opname}` got tensors on different devices: {a!r} and {b!r}. "
-            f"Put them on one device first: `{type(a).__name__}({a.idx})(x)` moves x to the first, "
-            f"`{type(b).__name__}({b.idx})(x)` to the second, `cpu(x)` to the CPU.")
-    gpu_side = b if a.is_cpu else a
-    return DeviceMismatchError(
-        f"`{opname}` got tensors on different devices: {a!r} and {b!r}. "
-        f"Put them on one device first: `gpu(x)` moves data to {gpu_side!r}, `cpu(x)` to the CPU.")
+    fixes = [f"`{move_code(d)}` moves x to {d!r}" for d in (a, b)]
+    if not (a.is_cpu or b.is_cpu):
+        fixes.append("`cpu(x)` to the CPU")
+    return DeviceMismatchError(f"`{opname}` got tensors on different devices: {a!r} and {b!r}. "
+                               f"Put them on one device first: {', '.join(fixes)}.")
 
 
 def common_device(opname, tensors):

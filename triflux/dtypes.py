@@ -79,6 +79,15 @@ def is_bfloat16(d):
     return d.kind == "V" and d.name == "bfloat16"
 
 
+def largest(d):
+    """The largest finite number of the floating dtype ``d``, as a float."""
+    d = as_dtype(d)
+    if is_bfloat16(d):
+        import ml_dtypes
+        return float(ml_dtypes.finfo(d).max)
+    return float(np.finfo(d).max)
+
+
 def compute_dtype(dtype):
     """The dtype arithmetic on ``dtype`` data runs (and accumulates) in:
     float32 for the 16-bit floats (float16, bfloat16), ``dtype`` itself for

@@ -30,6 +30,14 @@ class ShapeError(TrifluxError, ValueError):
     """Shapes that do not fit the operation."""
 
 
+class ArgumentError(TrifluxError, ValueError, TypeError):
+    """An argument of the wrong kind or out of its range (an activation that
+    is not a function, a probability above 1, an axis that is not an int):
+    the message names the function or layer, the argument, what it expects
+    and what it got. Both ``except ValueError`` and ``except TypeError``
+    catch it."""
+
+
 class OutOfMemoryError(TrifluxError, MemoryError):
     """The device ran out of memory."""
 

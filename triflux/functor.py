@@ -10,6 +10,7 @@ import copy
 
 import numpy as np
 
+from .errors import StructureError
 from .tensor import Tensor
 
 
@@ -50,22 +51,69 @@ def children(layer):
 
 
 def fmap(f, x):
-    """Apply ``f`` to every array leaf of ``x``, rebuilding the structure."""
+    """Apply ``f`` to every array leaf of ``x``, rebuilding the structure (a
+    structure that contains itself is a ``StructureError``)."""
+    return acyclic(lambda v: _fmap(f, v), x, lambda: "fmap")
+
+
+def _fmap(f, x):
     if is_leaf(x):
         return f(x)
     if is_layer(x):
         new = copy.copy(x)
         for name, v in children(x).items():
-            object.__setattr__(new, name, fmap(f, v))
+            object.__setattr__(new, name, _fmap(f, v))
         return new
     if isinstance(x, tuple):
-        items = [fmap(f, v) for v in x]
+        items = [_fmap(f, v) for v in x]
         return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
     if isinstance(x, list):
-        return [fmap(f, v) for v in x]
+        return [_fmap(f, v) for v in x]
     if isinstance(x, dict):
-        return type(x)((k, fmap(f, v)) for k, v in x.items())
+        return type(x)((k, _fmap(f, v)) for k, v in x.items())
     return x
+
+
+def cycle_path(x, path="x"):
+    """Where ``x`` contains itself: ``(inner, outer)``, two paths of one
+    list, tuple, dict or layer, ``inner`` inside ``outer`` (``("x[1]",
+    "x")`` for ``x = [a]; x.append(x)``); ``None`` when there is no cycle."""
+    on_path = {}
+
+    def walk(v, where):
+        if is_layer(v):
+            items = children(v).items()
+        elif isinstance(v, (list, tuple)):
+            items = enumerate(v)
+        elif isinstance(v, dict):
+            items = v.items()
+        else:
+            return None
+        if id(v) in on_path:
+            return where, on_path[id(v)]
+        on_path[id(v)] = where
+        for key, c in items:
+            found = walk(c, path_join(where, key))
+            if found is not None:
+                return found
+        del on_path[id(v)]
+        return None
+    return walk(x, path)
+
+
+def acyclic(walk, x, who):
+    """``walk(x)``, a recursion over the structure ``x``; a structure that
+    contains itself is a ``StructureError`` (``who()`` names the call), not
+    a RecursionError."""
+    try:
+        return walk(x)
+    except RecursionError:
+        cycle = cycle_path(x)
+        if cycle is None:
+            raise
+    inner, outer = cycle
+    raise StructureError(f"{who()}: the structure contains itself ({inner} is {outer}), so walking it never "
+                         "ends; give a structure without cycles (a model that holds a layer, not itself)")
 
 
 def leaves(x):

@@ -129,16 +129,31 @@ def memory_status(device=None):
 # --- out of memory -----------------------------------------------------------------------
 
 def is_out_of_memory(exc):
-    """Whether ``exc`` (raised by torch or Triton) says that memory ran out."""
+    """Whether ``exc`` (raised by NumPy, torch or Triton) says that memory
+    ran out: on a GPU, or in host memory (torch's CPU allocator, which holds
+    the Triton interpreter's device memory, says "can't allocate memory")."""
+    if isinstance(exc, MemoryError):
+        return True
     torch = sys.modules.get("torch")
     oom_type = getattr(torch, "OutOfMemoryError", ()) if torch is not None else ()
-    return isinstance(exc, oom_type) or "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, oom_type) or "out of memory" in text or "can't allocate memory" in text
+
+
+def _on_host(device):
+    """Whether ``device`` (a torch device, a triflux device or ``None``: a
+    GPU) is host memory: the CPU device, or the interpreter's storage."""
+    if getattr(device, "is_cpu", False):
+        return True
+    return device is not None and not hasattr(device, "is_cpu") and backend.torch().device(device).type == "cpu"
 
 
 def _torch_device_name(tdev):
-    """The triflux name of the torch device ``tdev``."""
+    """The triflux name of the torch device ``tdev`` (or of a triflux CPU device)."""
     if tdev is None:
         return "the GPU"
+    if getattr(tdev, "is_cpu", False):
+        return "the host memory (CPUDevice())"
     torch = backend.torch()
     tdev = torch.device(tdev)
     if tdev.type == "cpu":
@@ -151,10 +166,10 @@ def _torch_device_name(tdev):
 def _free_and_total(tdev):
     """(free, total) bytes of the torch device ``tdev``, ``None`` where unknown."""
     try:
-        torch = backend.torch()
-        if tdev is not None and torch.device(tdev).type == "cpu":
+        if _on_host(tdev):
             st = _host_status(None)
             return st.free, st.total
+        torch = backend.torch()
         f, t = torch.cuda.mem_get_info(tdev)
         return int(f), int(t)
     except Exception:
@@ -163,8 +178,9 @@ def _free_and_total(tdev):
 
 def out_of_memory(exc, shape=None, dtype=None, device=None, *, asked=None, purpose=None):
     """triflux's ``OutOfMemoryError`` for a failed allocation of a ``shape``
-    ``dtype`` (torch dtype) tensor on torch device ``device`` (or a failed
-    launch); or of ``asked`` bytes for ``purpose`` (e.g. "a DataLoader batch")."""
+    ``dtype`` (torch or NumPy dtype) tensor on ``device`` (a torch device, or
+    the triflux CPU device) (or a failed launch); or of ``asked`` bytes for
+    ``purpose`` (e.g. "a DataLoader batch")."""
     what = "asked for more memory than is free"
     if asked is not None:
         what = f"asked for {format_bytes(asked)} ({asked} bytes)" + (f" for {purpose}" if purpose else "")
@@ -177,11 +193,13 @@ def out_of_memory(exc, shape=None, dtype=None, device=None, *, asked=None, purpo
     if free is not None and total is not None:
         have = f"; {format_bytes(free)} ({free} bytes) are free of {format_bytes(total)}"
     where = _torch_device_name(device)
+    others = ("check with `free -h` or `top` whether other processes hold the memory" if _on_host(device) else
+              "check with `nvidia-smi` whether other processes hold this GPU's memory")
     err = OutOfMemoryError(
         f"out of memory on {where}: {what}{have}. A training step that fails here has not updated the "
         "model's parameters or the optimiser state, so training can go on. To fit: use a smaller batch "
         "(`DataLoader(data, batchsize=...)`); call `triflux.reclaim()` to return cached blocks; keep "
-        "parameters and data in float16/bfloat16 (`f16(model)`, `bf16(x)`) to halve the memory; check "
-        "with `nvidia-smi` whether other processes hold this GPU's memory.")
+        "parameters and data in float16/bfloat16 (`f16(model)`, `bf16(x)`) to halve the memory; "
+        f"{others}.")
     err.asked, err.free, err.total, err.device = asked, free, total, where
     return err

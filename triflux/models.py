@@ -1,7 +1,8 @@
 """Ready-made models built from triflux layers."""
 from . import ops
 from .activations import relu
-from .errors import ShapeError
+from .arguments import int_arg
+from .errors import ArgumentError, ShapeError
 from .layers import BatchNorm, Chain, Conv, ConvTranspose, Layer, MaxPool, SkipConnection, Upsample
 from .tensor import as_tensor
 
@@ -28,15 +29,22 @@ class UNet(Layer):
     concatenation with the encoder's features, and a double convolution.
     Channels double at each level from ``base_channels``. H and W must be
     divisible by ``2**depth``. Built from Chain and SkipConnection, so it
-    prints, moves, trains and saves like any model.
+    prints, moves, trains and saves like any model::
+
+        model = UNet(3, 2, depth=2, base_channels=8)
+        model(tf.rand(1, 3, 64, 64)).shape      # (1, 2, 64, 64)
+
+    ``in_channels``, ``num_classes``, ``depth`` and ``base_channels`` are
+    positive ints.
     """
 
     def __init__(self, in_channels, num_classes, depth=4, base_channels=64, up="convtranspose"):
-        if depth < 1 or base_channels < 1 or in_channels < 1 or num_classes < 1:
-            raise ValueError("UNet: depth, base_channels, in_channels and num_classes must be positive")
+        in_channels, num_classes = int_arg(in_channels, "UNet", "in_channels"), int_arg(num_classes, "UNet",
+                                                                                         "num_classes")
+        depth, base_channels = int_arg(depth, "UNet", "depth"), int_arg(base_channels, "UNet", "base_channels")
         if up not in ("convtranspose", "upsample"):
-            raise ValueError(f"UNet: up must be 'convtranspose' or 'upsample', got {up!r}")
-        self.depth = int(depth)
+            raise ArgumentError(f"UNet: up must be 'convtranspose' or 'upsample', got {up!r}")
+        self.depth = depth
 
         def level(d, cin):
             c = base_channels * 2 ** d

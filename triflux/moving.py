@@ -13,8 +13,8 @@ import numpy as np
 from . import ops
 from .devices import CPU, Device, MetalDevice, select_device
 from .errors import DeviceMismatchError
-from .functor import fmap, leaves
-from .tensor import Tensor, transfer
+from .functor import acyclic, fmap, leaves
+from .tensor import Tensor, numeric, transfer
 
 
 def _leaf_to(leaf, device, f64_to_f32):
@@ -22,7 +22,7 @@ def _leaf_to(leaf, device, f64_to_f32):
         if f64_to_f32 and leaf.dtype == np.float64:
             leaf = ops.cast(leaf, np.float32)
         return transfer(leaf, device)
-    arr = np.asarray(leaf)
+    arr = numeric(np.asarray(leaf))
     if f64_to_f32 and arr.dtype == np.float64:
         arr = arr.astype(np.float32)
     return transfer(Tensor._from_numpy(arr), device)
@@ -32,11 +32,19 @@ def _leaf_to(leaf, device, f64_to_f32):
 def move(x, device, f64_to_f32=False):
     """``x`` with every array leaf on ``device`` (float64 arrays as float32
     when ``f64_to_f32``)."""
-    return fmap(lambda leaf: _leaf_to(leaf, device, f64_to_f32), x)
+    return acyclic(lambda v: fmap(lambda leaf: _leaf_to(leaf, device, f64_to_f32), v), x,
+                    lambda: f"moving x to {device!r}")
 
 
 def _call(device, x):
-    """``device(x)``: ``x`` moved to ``device``."""
+    """``device(x)``: ``x`` (any structure: a Tensor, a NumPy array, a layer
+    or model, tuples/lists/dicts of them, a ``DataLoader``) with every array
+    on ``device``, each as a ``Tensor``; other values stay as they are.
+
+    Element types are kept, as MLDataDevices' device objects do: a float64
+    array stays float64, and layers with float32 parameters then convert it
+    at every call (with a warning). ``gpu(x)`` moves and turns float64 into
+    float32 in one step; ``f32(x)`` converts without moving."""
     return move(x, device)
 
 
@@ -47,7 +55,11 @@ def gpu(x):
     """Move ``x`` (any structure) to the default GPU device, turning float64
     arrays into float32 and keeping integer, bool and float16 arrays, like
     Flux's ``gpu``/``cu``. A no-op returning ``x`` unchanged when no GPU
-    backend is functional here."""
+    backend is functional here.
+
+    A device object (``get_device("CUDA")(x)``, ``gpu_device()(x)``) moves
+    ``x`` too but keeps every dtype, float64 included: use ``gpu(x)`` (or
+    ``f32(x)`` before moving) for float32 layers."""
     dev = select_device()
     if dev.is_cpu or isinstance(dev, MetalDevice):
         return x
@@ -62,7 +74,7 @@ def cpu(x):
 def device_of(x):
     """The one device ``x``'s arrays live on, ``None`` if it holds none."""
     found = []
-    for leaf in leaves(x):
+    for leaf in acyclic(leaves, x, lambda: "get_device(x)"):
         d = leaf.device if isinstance(leaf, Tensor) else CPU
         if d not in found:
             found.append(d)

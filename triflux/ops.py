@@ -13,7 +13,8 @@ import operator
 import numpy as np
 
 from . import dtypes as _dt
-from .arguments import normalize_axis, pair, quad
+from .arguments import (int_arg, is_int, is_real, normalize_axis, not_real, pad_arg, pair_arg, probability_arg,
+                        shape_arg)
 from .constructors import next_seed
 from .dispatch import apply, common_device
 from .errors import DTypeError, ShapeError
@@ -77,6 +78,8 @@ def _broadcast_shape(name, *shapes):
 def _floating(x, name):
     x = as_tensor(x)
     if not _dt.is_floating(x.dtype):
+        if not is_real(x.dtype):
+            raise not_real(x.dtype, f"`{name}`")
         x = cast(x, _dt.DEFAULT_FLOAT)
     return x
 
@@ -86,49 +89,79 @@ def _unary(name, x, **attrs):
     return apply(_P[name], (x,), attrs, name)
 
 
-# --- elementwise ---------------------------------------------------------------------------
+# --- elementwise (math: reference/elementwise.py) -----------------------------------------------
 
-def add(a, b): return _binary("add", a, b)
-def sub(a, b): return _binary("sub", a, b)
-def mul(a, b): return _binary("mul", a, b)
+def _elementwise(name, doc, run):
+    """The user function ``name`` (docstring ``doc``) of the elementwise
+    primitive of that name: ``run(name, *args)`` (``_binary`` or ``_unary``)."""
+    if run is _binary:
+        def op(a, b):
+            return _binary(name, a, b)
+    else:
+        def op(x):
+            return _unary(name, x)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = doc
+    return op
+
+
+add = _elementwise("add", "``a + b`` elementwise, broadcasting as NumPy does: ``add(x, 1.0)``.", _binary)
+sub = _elementwise("sub", "``a - b`` elementwise, broadcasting.", _binary)
+mul = _elementwise("mul", "``a * b`` elementwise, broadcasting.", _binary)
+maximum = _elementwise("maximum", "The larger of ``a`` and ``b`` elementwise (NaN wins), broadcasting.", _binary)
+minimum = _elementwise("minimum", "The smaller of ``a`` and ``b`` elementwise (NaN wins), broadcasting.", _binary)
+eq = _elementwise("eq", "``a == b`` elementwise: a bool Tensor (not differentiated).", _binary)
+ne = _elementwise("ne", "``a != b`` elementwise: a bool Tensor.", _binary)
+lt = _elementwise("lt", "``a < b`` elementwise: a bool Tensor.", _binary)
+le = _elementwise("le", "``a <= b`` elementwise: a bool Tensor.", _binary)
+gt = _elementwise("gt", "``a > b`` elementwise: a bool Tensor.", _binary)
+ge = _elementwise("ge", "``a >= b`` elementwise: a bool Tensor.", _binary)
+
+exp = _elementwise("exp", "exp(x) elementwise (integers become float32).", _unary)
+log = _elementwise("log", "The natural logarithm of x elementwise.", _unary)
+sqrt = _elementwise("sqrt", "√x elementwise.", _unary)
+tanh = _elementwise("tanh", "tanh(x) elementwise (``triflux.tanh``'s primitive).", _unary)
+sigmoid = _elementwise("sigmoid", "σ(x) = 1 / (1 + exp(-x)) elementwise.", _unary)
+relu = _elementwise("relu", "max(x, 0) elementwise.", _unary)
+gelu = _elementwise("gelu", "GELU, tanh approximation (NNlib's ``gelu``), elementwise.", _unary)
+gelu_erf = _elementwise("gelu_erf", "The exact GELU x·Φ(x) elementwise.", _unary)
+swish = _elementwise("swish", "x·σ(x) elementwise.", _unary)
+softplus = _elementwise("softplus", "log(1 + exp(x)) elementwise.", _unary)
+
+
 def div(a, b):
+    """``a / b`` elementwise, broadcasting; integers divide as floats (float32)."""
     a = as_tensor(a, like=b if isinstance(b, Tensor) else None)
     if not _dt.is_floating(a.dtype):
         a = cast(a, _dt.DEFAULT_FLOAT)
     return _binary("div", a, b)
-def pow(a, b): return _binary("pow", _floating(as_tensor(a, like=b if isinstance(b, Tensor) else None), "pow"), b)
-def maximum(a, b): return _binary("maximum", a, b)
-def minimum(a, b): return _binary("minimum", a, b)
-def eq(a, b): return _binary("eq", a, b)
-def ne(a, b): return _binary("ne", a, b)
-def lt(a, b): return _binary("lt", a, b)
-def le(a, b): return _binary("le", a, b)
-def gt(a, b): return _binary("gt", a, b)
-def ge(a, b): return _binary("ge", a, b)
+
+
+def pow(a, b):
+    """``a ** b`` elementwise, broadcasting; integer ``a`` becomes float32."""
+    return _binary("pow", _floating(as_tensor(a, like=b if isinstance(b, Tensor) else None), "pow"), b)
 
 
 def neg(x):
+    """``-x`` elementwise."""
     x = as_tensor(x)
     return apply(_P["neg"], (x,), {}, "neg")
 
 
 def abs(x):
+    """``|x|`` elementwise."""
     x = as_tensor(x)
     return apply(_P["abs"], (x,), {}, "abs")
 
 
-def exp(x): return _unary("exp", x)
-def log(x): return _unary("log", x)
-def sqrt(x): return _unary("sqrt", x)
-def tanh(x): return _unary("tanh", x)
-def sigmoid(x): return _unary("sigmoid", x)
-def relu(x): return _unary("relu", x)
-def gelu(x): return _unary("gelu", x)
-def gelu_erf(x): return _unary("gelu_erf", x)
-def swish(x): return _unary("swish", x)
-def softplus(x): return _unary("softplus", x)
-def leakyrelu(x, negative_slope=0.01): return _unary("leakyrelu", x, negative_slope=float(negative_slope))
-def elu(x, alpha=1.0): return _unary("elu", x, alpha=float(alpha))
+def leakyrelu(x, negative_slope=0.01):
+    """x for x > 0, ``negative_slope``·x otherwise, elementwise."""
+    return _unary("leakyrelu", x, negative_slope=float(negative_slope))
+
+
+def elu(x, alpha=1.0):
+    """x for x > 0, ``alpha``·(exp(x) - 1) otherwise, elementwise."""
+    return _unary("elu", x, alpha=float(alpha))
 
 
 def cast(x, dtype):
@@ -137,6 +170,10 @@ def cast(x, dtype):
     dtype = _dt.as_dtype(dtype)
     if x.dtype == dtype:
         return x
+    if not is_real(x.dtype):
+        raise not_real(x.dtype, "`cast`", "a tensor")
+    if not is_real(dtype):
+        raise DTypeError(f"`cast`: triflux tensors hold real numbers (floats, ints, bools), not {dtype}")
     return apply(_P["cast"], (x,), {"dtype": dtype}, "cast",
                  record=_dt.is_floating(dtype) and _dt.is_floating(x.dtype))
 
@@ -163,14 +200,19 @@ def _reduction(name, x, axis, keepdims):
 
 
 def sum(x, axis=None, keepdims=False):
+    """The sum over ``axis`` (None: all; an int or a tuple of ints); ``keepdims``
+    keeps the summed axes as size 1: ``sum(x, axis=1)``. Math: reference/reduce.py."""
     return _reduction("sum", as_tensor(x), axis, keepdims)
 
 
 def mean(x, axis=None, keepdims=False):
+    """The mean over ``axis`` (as ``sum``). Math: reference/reduce.py."""
     return _reduction("mean", _floating(x, "mean"), axis, keepdims)
 
 
 def max(x, axis=None, keepdims=False):
+    """The maximum over ``axis`` (as ``sum``; NaN wins; an empty axis is an
+    error). Math: reference/reduce.py."""
     return _reduction("max", as_tensor(x), axis, keepdims)
 
 
@@ -178,7 +220,7 @@ def max(x, axis=None, keepdims=False):
 
 def matmul(a, b):
     """NumPy's ``a @ b``: vectors, matrices, and batches of them with
-    broadcasting of the batch dimensions."""
+    broadcasting of the batch dimensions. Math: reference/matmul.py ``matmul_forward``."""
     a, b = as_tensor(a), as_tensor(b)
     if not _dt.is_floating(a.dtype):
         a = cast(a, _dt.DEFAULT_FLOAT)
@@ -192,17 +234,21 @@ def matmul(a, b):
 # --- softmax family ---------------------------------------------------------------------------
 
 def softmax(x, axis=-1):
+    """exp(x) / Σ exp(x) along one ``axis`` (the last by default; the
+    activation ``triflux.softmax`` picks the class axis). Math: reference/softmax.py."""
     x = _floating(x, "softmax")
     return apply(_P["softmax"], (x,), {"axis": softmax_spec("softmax", x.shape, x.dtype, axis).axis}, "softmax")
 
 
 def logsoftmax(x, axis=-1):
+    """x - log Σ exp(x) along one ``axis``. Math: reference/softmax.py."""
     x = _floating(x, "logsoftmax")
     spec = softmax_spec("logsoftmax", x.shape, x.dtype, axis)
     return apply(_P["logsoftmax"], (x,), {"axis": spec.axis}, "logsoftmax")
 
 
 def logsumexp(x, axis=-1, keepdims=False):
+    """log Σ exp(x) along one ``axis``, without overflow. Math: reference/softmax.py."""
     x = _floating(x, "logsumexp")
     spec = softmax_spec("logsumexp", x.shape, x.dtype, axis, keepdims)
     return apply(_P["logsumexp"], (x,), {"axis": spec.axis, "keepdims": bool(keepdims)}, "logsumexp")
@@ -211,8 +257,10 @@ def logsumexp(x, axis=-1, keepdims=False):
 # --- shape --------------------------------------------------------------------------------------
 
 def reshape(x, shape):
+    """``x``'s elements (row-major) in a new ``shape`` of the same size; one
+    entry may be -1: ``reshape(x, (n, -1))``."""
     x = as_tensor(x)
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    shape = shape_arg(shape, "`reshape`")
     n = x.size
     if shape.count(-1) > 1:
         raise ShapeError(f"`reshape`: at most one -1 in the new shape, got {shape}")
@@ -229,6 +277,8 @@ def reshape(x, shape):
 
 
 def transpose(x, axes=None):
+    """``x`` with its axes permuted by ``axes`` (reversed when None, as
+    NumPy): ``transpose(x, (3, 2, 1, 0))`` turns Flux's (W, H, C, N) into (N, C, H, W)."""
     x = as_tensor(x)
     if axes is None:
         axes = tuple(reversed(range(x.ndim)))
@@ -238,6 +288,16 @@ def transpose(x, axes=None):
     if axes == tuple(range(x.ndim)):
         return x
     return apply(_P["transpose"], (x,), {"axes": axes}, "transpose")
+
+
+def _index(v, part):
+    """``v`` (an int, or what ``operator.index`` takes) as an int; ``part``
+    is the index's part that holds it, for the message."""
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise IndexError(f"a Tensor index is made of ints, slices of ints, None and `...`; got {part!r} "
+                         f"({type(v).__name__})") from None
 
 
 def _normalize_index(index, shape):
@@ -251,11 +311,11 @@ def _normalize_index(index, shape):
         if isinstance(i, (bool, np.bool_)):
             raise TypeError("boolean indexing is not supported; use `where`")
         if isinstance(i, slice):
-            out.append(slice(*(None if v is None else operator.index(v) for v in (i.start, i.stop, i.step))))
+            out.append(slice(*(None if v is None else _index(v, i) for v in (i.start, i.stop, i.step))))
         elif i is None or i is Ellipsis:
             out.append(i)
         else:
-            out.append(operator.index(i))
+            out.append(_index(i, i))
     if out.count(Ellipsis) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     n_real = builtins.sum(1 for i in out if i is not None and i is not Ellipsis)
@@ -279,6 +339,7 @@ def _normalize_index(index, shape):
 
 
 def getitem(x, index):
+    """``x[index]`` with basic indexing: ints, slices, None and ``...``."""
     x = as_tensor(x)
     index = _normalize_index(index, x.shape)
     return apply(_P["getitem"], (x,), {"index": index}, "getitem")
@@ -315,8 +376,9 @@ def cat(*xs, dims=None, axis=None):
 
 
 def broadcast_to(x, shape):
+    """``x`` repeated along its size-1 (or missing leading) axes to ``shape``."""
     x = as_tensor(x)
-    shape = tuple(int(s) for s in shape)
+    shape = shape_arg(shape, "`broadcast_to`")
     if _broadcast_shape("broadcast_to", x.shape, shape) != shape:
         raise ShapeError(f"`broadcast_to`: cannot broadcast shape {x.shape} to {shape}")
     if shape == x.shape:
@@ -325,6 +387,7 @@ def broadcast_to(x, shape):
 
 
 def contiguous(x):
+    """``x`` with its elements in row-major order in memory."""
     return apply(_P["contiguous"], (as_tensor(x),), {}, "contiguous")
 
 
@@ -337,11 +400,23 @@ def _spatial_input(name, x):
     return x
 
 
+def _conv_attrs(name, stride, padding, dilation, groups):
+    """conv2d's attributes, checked: strides and dilations positive, padding
+    non-negative, groups positive (``name`` the function, for the message)."""
+    who = f"`{name}`"
+    return {"stride": pair_arg(stride, who, "stride"), "padding": pad_arg(padding, who, "padding"),
+            "dilation": pair_arg(dilation, who, "dilation"), "groups": int_arg(groups, who, "groups")}
+
+
 def conv2d(x, w, *, stride=1, padding=0, dilation=1, groups=1):
-    """Cross-correlation of ``x`` (N, C, H, W) with ``w`` (O, C/groups, kh, kw)."""
+    """Cross-correlation of ``x`` (N, C, H, W) with ``w`` (O, C/groups, kh, kw)
+    to (N, O, Ho, Wo), as torch's ``F.conv2d``: ``stride`` and ``dilation``
+    an int or (h, w); ``padding`` an int, (h, w) or (top, bottom, left,
+    right) of zeros; ``groups`` splits the channels into independent groups.
+    ``conv2d(x, w, padding=1)`` keeps H and W for a 3x3 ``w``.
+    Math: reference/conv.py ``conv2d_forward``; output size: triflux/specs/conv.py."""
     x, w = _promote(_spatial_input("conv2d", x), _floating(w, "conv2d"))
-    attrs = {"stride": pair(stride, "stride"), "padding": quad(padding), "dilation": pair(dilation, "dilation"),
-             "groups": int(groups)}
+    attrs = _conv_attrs("conv2d", stride, padding, dilation, groups)
     conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
     return apply(_P["conv2d"], (x, w), attrs, "conv2d")
 
@@ -350,74 +425,92 @@ def conv2d_bias_act(x, w, b, *, stride=1, padding=0, dilation=1, groups=1, activ
     """``activation(conv2d(x, w) + b)`` as one fused primitive: ``x`` (N, C, H, W),
     ``w`` (O, C/groups, kh, kw), ``b`` (O,); ``activation`` one of the primitive's
     ``fusable_activations``, "identity", "relu", "sigmoid", "tanh" (those whose
-    derivative follows from the output)."""
+    derivative follows from the output). Math: reference/conv.py
+    ``conv2d_bias_act_forward``."""
     x, w = _promote(_spatial_input("conv2d_bias_act", x), _floating(w, "conv2d_bias_act"))
     b = as_tensor(b)
     if b.dtype != x.dtype:  # promote as conv2d(x, w) + b would
         b = _floating(b, "conv2d_bias_act")
         x, b = _promote(x, b)
         w = cast(w, x.dtype)
-    attrs = {"stride": pair(stride, "stride"), "padding": quad(padding), "dilation": pair(dilation, "dilation"),
-             "groups": int(groups), "activation": activation}
+    attrs = dict(_conv_attrs("conv2d_bias_act", stride, padding, dilation, groups), activation=activation)
     conv2d_bias_act_spec(x.shape, w.shape, b.shape, x.dtype, w.dtype, b.dtype, **attrs)
     return apply(_P["conv2d_bias_act"], (x, w, b), attrs, "conv2d_bias_act")
 
 
 def conv_transpose2d(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
-    """The adjoint of ``conv2d``: ``x`` (N, C, H, W), ``w`` (C, O/groups, kh, kw)."""
+    """The adjoint of ``conv2d`` (torch's ``F.conv_transpose2d``): ``x``
+    (N, C, H, W), ``w`` (C, O/groups, kh, kw) to (N, O, Ho, Wo);
+    ``conv_transpose2d(x, w, stride=2)`` with a 2x2 ``w`` doubles H and W.
+    ``output_padding`` (an int or (h, w), below the stride or the dilation)
+    adds rows and columns at the bottom/right. Math: reference/conv.py
+    ``conv_transpose2d_forward``; output size: triflux/specs/conv.py."""
     x, w = _promote(_spatial_input("conv_transpose2d", x), _floating(w, "conv_transpose2d"))
-    attrs = {"stride": pair(stride, "stride"), "padding": quad(padding),
-             "output_padding": pair(output_padding, "output_padding"), "dilation": pair(dilation, "dilation"),
-             "groups": int(groups)}
+    attrs = dict(_conv_attrs("conv_transpose2d", stride, padding, dilation, groups),
+                 output_padding=pair_arg(output_padding, "`conv_transpose2d`", "output_padding", low=0))
     conv_transpose2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
     return apply(_P["conv_transpose2d"], (x, w), attrs, "conv_transpose2d")
 
 
+def _pool_attrs(name, window, stride, padding):
+    who = f"`{name}`"
+    window = pair_arg(window, who, "window")
+    return {"window": window, "stride": window if stride is None else pair_arg(stride, who, "stride"),
+            "padding": pad_arg(padding, who, "padding")}
+
+
 def maxpool2d(x, window, stride=None, padding=0, dilation=1, ceil_mode=False):
-    """torch's ``max_pool2d`` on (N, C, H, W); ``padding`` an int, (h, w) or
-    (top, bottom, left, right); ``stride`` defaults to the window."""
+    """torch's ``max_pool2d`` on (N, C, H, W): the maximum over each
+    ``window`` (an int or (kh, kw)); ``stride`` defaults to the window;
+    ``padding`` an int, (h, w) or (top, bottom, left, right) (padding never
+    wins); ``dilation`` spaces the taps; ``ceil_mode`` keeps a last partial
+    window. ``maxpool2d(x, 2)`` halves H and W.
+    Math: reference/pool.py ``maxpool2d_forward``; windows: triflux/specs/pool.py."""
     x = _spatial_input("maxpool2d", x)
-    window = pair(window, "window")
-    attrs = {"window": window, "stride": pair(stride or window, "stride"), "padding": quad(padding),
-             "dilation": pair(dilation, "dilation"), "ceil_mode": bool(ceil_mode)}
+    attrs = dict(_pool_attrs("maxpool2d", window, stride, padding),
+                 dilation=pair_arg(dilation, "`maxpool2d`", "dilation"), ceil_mode=bool(ceil_mode))
     pool2d_spec("maxpool2d", x.shape, x.dtype, **attrs)
     return apply(_P["maxpool2d"], (x,), attrs, "maxpool2d")
 
 
 def meanpool2d(x, window, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
-    """torch's ``avg_pool2d`` on (N, C, H, W) (arguments as ``maxpool2d``)."""
+    """torch's ``avg_pool2d`` on (N, C, H, W): the mean over each window
+    (arguments as ``maxpool2d``); ``count_include_pad`` divides by the taps
+    inside the padded input (True) or inside the input only (False).
+    Math: reference/pool.py ``meanpool2d_forward``."""
     x = _spatial_input("meanpool2d", x)
-    window = pair(window, "window")
-    attrs = {"window": window, "stride": pair(stride or window, "stride"), "padding": quad(padding),
-             "ceil_mode": bool(ceil_mode)}
+    attrs = dict(_pool_attrs("meanpool2d", window, stride, padding), ceil_mode=bool(ceil_mode))
     pool2d_spec("meanpool2d", x.shape, x.dtype, **attrs)
     return apply(_P["meanpool2d"], (x,), dict(attrs, count_include_pad=bool(count_include_pad)), "meanpool2d")
 
 
 def adaptive_maxpool2d(x, size):
-    """torch's ``adaptive_max_pool2d``: (N, C, H, W) to (N, C, *size); a
-    ``None`` side keeps the input's."""
+    """torch's ``adaptive_max_pool2d``: (N, C, H, W) to (N, C, *size), the
+    maximum over windows that tile the input; a ``None`` side keeps the
+    input's. Math: reference/pool.py; windows: triflux/specs/pool.py."""
     x = _spatial_input("adaptive_maxpool2d", x)
-    size = adaptive_size(size, x.shape)
+    size = adaptive_size(size, x.shape, "adaptive_maxpool2d")
     adaptive_pool2d_spec("adaptive_maxpool2d", x.shape, x.dtype, size)
     return apply(_P["adaptive_maxpool2d"], (x,), {"size": size}, "adaptive_maxpool2d")
 
 
 def adaptive_meanpool2d(x, size):
-    """torch's ``adaptive_avg_pool2d`` (arguments as ``adaptive_maxpool2d``)."""
+    """torch's ``adaptive_avg_pool2d``: the mean over the windows of
+    ``adaptive_maxpool2d`` (same arguments). Math: reference/pool.py."""
     x = _spatial_input("adaptive_meanpool2d", x)
-    size = adaptive_size(size, x.shape)
+    size = adaptive_size(size, x.shape, "adaptive_meanpool2d")
     adaptive_pool2d_spec("adaptive_meanpool2d", x.shape, x.dtype, size)
     return apply(_P["adaptive_meanpool2d"], (x,), {"size": size}, "adaptive_meanpool2d")
 
 
-def adaptive_size(size, shape):
-    """The (Ho, Wo) of an adaptive pooling of ``shape`` to ``size`` (an int,
-    or a pair whose ``None`` entries keep the input's side)."""
-    size = (size, size) if size is None or isinstance(size, (int, np.integer)) else tuple(size)
-    if len(size) != 2:
-        raise ShapeError(f"adaptive pooling: the output size must be an int or a pair, got {size}")
-    return tuple(int(shape[2 + i]) if s is None else int(s) for i, s in enumerate(size))
+def adaptive_size(size, shape, name="adaptive pooling"):
+    """The (Ho, Wo) of an adaptive pooling of ``shape`` to ``size`` (a
+    positive int, or a pair whose ``None`` entries keep the input's side)."""
+    sides = (size, size) if size is None or not isinstance(size, (tuple, list)) else tuple(size)
+    if len(sides) != 2 or not all(s is None or is_int(s) and s >= 1 for s in sides):
+        raise ShapeError(f"`{name}`: the output size must be a positive int or two of them (None keeps the "
+                         f"input's side), got {size!r}")
+    return tuple(int(shape[2 + i]) if s is None else int(s) for i, s in enumerate(sides))
 
 
 def upsample(x, scale=None, mode="nearest", *, size=None, align_corners=False):
@@ -429,7 +522,8 @@ def upsample(x, scale=None, mode="nearest", *, size=None, align_corners=False):
         raise ValueError(f"upsample mode must be 'nearest' or 'bilinear', got {mode!r}")
     if scale is None and size is None:
         scale = 2
-    attrs = {"size": None if size is None else pair(size, "size"),
+    # a zero side is left to the spec, whose message says the output must be at least 1
+    attrs = {"size": None if size is None else pair_arg(size, "`upsample`", "size", low=0),
              "scale": None if scale is None else scale_pair(scale)}
     if mode == "bilinear":
         attrs["align_corners"] = bool(align_corners)
@@ -439,28 +533,39 @@ def upsample(x, scale=None, mode="nearest", *, size=None, align_corners=False):
     return apply(_P[f"upsample_{mode}2d"], (x,), attrs, f"upsample_{mode}2d")
 
 
-def batchnorm(x, gamma, beta, mean=None, var=None, eps=1e-5, *, running=None, momentum=0.1):
+def batchnorm(x, gamma, beta, mean=None, var=None, eps=1e-5, *, running=None, momentum=0.1,
+              activation="identity", moved=None):
     """Batch normalisation over axis 1: with the batch's statistics when
     ``mean``/``var`` are None, else with the given ones. With the batch's
     statistics, ``running=(running_mean, running_var)`` also moves those in
     place, in the same kernels: running = (1 - momentum) * running +
-    momentum * the batch's mean (unbiased variance)."""
+    momentum * the batch's mean (unbiased variance); given ``moved=(mean,
+    var)`` too, the moved values go there instead and ``running`` stays as it
+    is. ``activation`` (a name: identity, relu, sigmoid or tanh) is applied to
+    the output in the same kernels. Math: reference/norm.py."""
     x = _floating(x, "batchnorm")
     running = tuple(running) if running is not None and mean is None else ()
+    if running and moved is not None:
+        running += tuple(moved)
     per_channel = ((gamma, beta) if mean is None else (gamma, beta, mean, var)) + running
-    spec = batchnorm_spec(x.shape, tuple(v.shape for v in per_channel), x.dtype, eps)
+    spec = batchnorm_spec(x.shape, tuple(v.shape for v in per_channel), x.dtype, eps, activation)
+    attrs = {"eps": spec.eps}
+    if spec.activation != "identity":
+        attrs["activation"] = spec.activation
     if mean is None:
-        attrs = {"eps": spec.eps, "momentum": float(momentum)} if running else {"eps": spec.eps}
+        if running:
+            attrs["momentum"] = float(momentum)
         return apply(_P["batchnorm_train"], (x, gamma, beta) + running, attrs, "batchnorm")
-    return apply(_P["batchnorm_test"], (x, gamma, beta, mean, var), {"eps": spec.eps}, "batchnorm")
+    return apply(_P["batchnorm_test"], (x, gamma, beta, mean, var), attrs, "batchnorm")
 
 
 def dropout(x, p, seed=None):
-    """Zero each element with probability ``p``, scale the rest by 1/(1-p)."""
+    """Zero each element with probability ``p`` (in [0, 1]), scale the rest by
+    1/(1-p); ``seed`` picks the mask (triflux's seeded stream by default).
+    Math: reference/dropout.py ``dropout_forward``."""
     x = _floating(x, "dropout")
-    if not 0 <= p <= 1:
-        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-    return apply(_P["dropout"], (x,), {"p": float(p), "seed": next_seed() if seed is None else int(seed)}, "dropout")
+    p = probability_arg(p, "`dropout`")
+    return apply(_P["dropout"], (x,), {"p": p, "seed": next_seed() if seed is None else int(seed)}, "dropout")
 
 
 # --- recurrent sequences (batch first; torch.nn.RNN/LSTM/GRU's weights and gate order) ------

@@ -172,6 +172,13 @@ class Tensor:
         """This tensor on ``device`` (a Device or a name such as "cpu", "cuda:1")."""
         return transfer(self, as_device(device))
 
+    def detach(self):
+        """A Tensor over the same memory that ``gradient`` does not watch, as
+        torch's ``detach``: nothing computed from it is recorded, so no
+        gradient flows back through it (it counts as a constant). No copy:
+        an in-place change of either (an optimiser's update) shows in both."""
+        return Tensor._make(self._data, self._device)
+
     # --- DLPack: other libraries read the storage without a copy ---------------------------
     def _dlpack_producer(self):
         """The array whose ``__dlpack__`` exports this tensor's memory."""
@@ -277,9 +284,20 @@ def tensor(data, dtype=None, device=None):
     arr = np.array(data, dtype=None if dtype is None else _dt.as_dtype(dtype), copy=True)
     if dtype is None and not was_array and arr.dtype == np.float64:
         arr = arr.astype(np.float32)
-    if arr.dtype.kind in "OUSV" and not _dt.is_bfloat16(arr.dtype):   # ml_dtypes' bfloat16 is of kind "V"
-        raise DTypeError(f"cannot make a Tensor of {arr.dtype} data; use numbers")
-    return transfer(Tensor._make(arr, CPU), dev)
+    return transfer(Tensor._make(numeric(arr), CPU), dev)
+
+
+def numeric(arr):
+    """``arr`` itself when it holds numbers; a ``DTypeError`` for strings,
+    Python objects, bytes, dates (NumPy arrays that cannot be a Tensor)."""
+    kind = arr.dtype.kind
+    if kind in "biufc" or kind == "V" and _dt.is_bfloat16(arr.dtype):   # ml_dtypes' bfloat16 is of kind "V"
+        return arr
+    what = {"O": "Python objects", "U": "strings", "S": "bytes", "M": "dates", "m": "time spans"}.get(kind, "data")
+    hint = ("(NumPy makes one from rows of different lengths, or from None among numbers)" if kind == "O" else
+            "(class labels become numbers with `onehotbatch(labels, classes)`)")
+    raise DTypeError(f"cannot make a Tensor of {what} (a NumPy array of dtype {arr.dtype}, shape {arr.shape}): "
+                     f"a Tensor holds numbers (floats, integers or bools); convert the data to numbers first {hint}")
 
 
 def _constant(value, dtype, device):
@@ -319,7 +337,7 @@ def as_tensor(x, like=None):
             dt = _dt.DEFAULT_FLOAT
         return _constant(x, dt, like._device)
     if isinstance(x, np.ndarray):
-        return Tensor._from_numpy(x)
+        return Tensor._from_numpy(numeric(x))
     if like is not None and isinstance(x, (list, tuple)):
         return tensor(x, device=like._device)
     return tensor(x)

@@ -3,17 +3,17 @@ CrossCor) and ConvTranspose, on (N, C, H, W) inputs with PyTorch's weight
 layouts, so PyTorch weights load without flipping."""
 import numpy as np
 
-from .. import activations, ops
+from .. import ops
 from .. import dtypes as _dt
-from ..activations import identity
-from ..arguments import pair, quad
+from ..activations import as_activation, identity
+from ..arguments import float_dtype, int_arg, pad_arg, pair_arg
 from ..devices import as_device
 from ..errors import ShapeError
 from ..show import fname
-from ..specs.conv import FUSABLE_ACTIVATIONS
 from ..tensor import Tensor, as_tensor, transfer
 from .base import Layer, layer_name
-from .initialisers import glorot_uniform
+from .fusion import fused_activation
+from .initialisers import glorot_uniform, initial_weight
 from .inputs import check_input
 
 __all__ = ["Conv", "ConvTranspose"]
@@ -29,13 +29,25 @@ def same_padding(kernel, dilation):
     return (out[0], out[1], out[2], out[3])
 
 
-def _init_parameters(layer, shape, fan_in, fan_out, out_channels, init, bias, dtype, device):
+def _geometry(layer, who, kernel, in_channels, out_channels, stride, dilation, groups):
+    """Check and set the options Conv and ConvTranspose share; returns the
+    (kh, kw) kernel and the channels."""
+    kernel = pair_arg(kernel, who, "kernel")
+    cin, cout = int_arg(in_channels, who, "in_channels"), int_arg(out_channels, who, "out_channels")
+    layer.stride, layer.dilation = pair_arg(stride, who, "stride"), pair_arg(dilation, who, "dilation")
+    layer.groups = int_arg(groups, who, "groups")
+    if cin % layer.groups or cout % layer.groups:
+        raise ShapeError(f"{who}: channels {cin} => {cout} must both be divisible by groups={layer.groups}")
+    return kernel, cin, cout
+
+
+def _init_parameters(layer, who, shape, fan_in, fan_out, out_channels, init, bias, dtype, device):
     """``layer.weight`` of ``shape`` from ``init`` (Glorot with the
-    convolution's fans by default) and a zero ``layer.bias``, on ``device``."""
-    w = init(*shape, fan_in=fan_in, fan_out=fan_out, dtype=dtype) if init is glorot_uniform else \
-        as_tensor(init(*shape))
-    layer.weight = ops.cast(w, dtype)
-    layer.bias = Tensor._from_numpy(np.zeros(out_channels, dtype=_dt.as_dtype(dtype))) if bias else None
+    convolution's fans by default), a zero ``layer.bias`` (or none) and the
+    activation, on ``device``."""
+    dtype = float_dtype(dtype, who)
+    layer.weight = initial_weight(init, shape, dtype, who, fan_in=fan_in, fan_out=fan_out)
+    layer.bias = Tensor._from_numpy(np.zeros(out_channels, dtype=dtype)) if bias else None
     if device is not None:
         dev = as_device(device)
         layer.weight = transfer(layer.weight, dev)
@@ -60,10 +72,6 @@ def pad_str(pad):
     return str(pad)
 
 
-#: the activations conv2d_bias_act applies in its epilogue (σ is sigmoid), by identity
-#: (a user's activation need not be hashable) -> their name
-_FUSABLE = {id(getattr(activations, name)): name for name in FUSABLE_ACTIVATIONS}
-
 
 def _options(layer, *options):
     """``, name=value`` for each ``(name, value, default)`` that differs from
@@ -79,26 +87,39 @@ def _options(layer, *options):
 
 
 class Conv(Layer):
-    """``activation(conv2d(x, weight) + bias)``: ``Conv((3, 3), 3, 16, relu)``
-    is Flux's ``Conv((3, 3), 3 => 16, relu)``. ``weight`` is
-    ``(out, in/groups, kh, kw)``; ``pad`` is an int, ``(h, w)``,
-    ``(top, bottom, left, right)`` or ``"same"``."""
+    """``activation(conv2d(x, weight) + bias)`` on (N, C, H, W) input:
+    ``Conv((3, 3), 3, 16, relu)`` is Flux's ``Conv((3, 3), 3 => 16, relu)``
+    (torch's ``Conv2d(3, 16, 3)`` followed by the activation).
+
+    ``kernel`` a positive int or (kh, kw); ``in_channels``, ``out_channels``
+    positive ints, both divisible by ``groups``; ``activation`` a function
+    or an activation's name; ``stride`` and ``dilation`` positive, an int or
+    (h, w); ``pad`` zeros around the input: an int, (h, w), (top, bottom,
+    left, right), ``"valid"`` (none) or ``"same"`` (the output keeps H and W;
+    stride 1, as in PyTorch); ``bias`` True or False; ``init(*shape)`` the
+    initial weight (copied), Glorot uniform by default; ``dtype`` a floating
+    type. ``weight`` is ``(out, in/groups, kh, kw)``, PyTorch's layout::
+
+        conv = Conv((3, 3), 3, 16, relu, pad="same")
+        conv(tf.ones(8, 3, 32, 32)).shape      # (8, 16, 32, 32)
+
+    Math: reference/conv.py ``conv2d_forward`` (``conv2d_bias_act_forward``
+    when the activation fuses); output size: triflux/specs/conv.py.
+    """
 
     def __init__(self, kernel, in_channels, out_channels, activation=identity, *, stride=1, pad=0,
                  dilation=1, groups=1, bias=True, init=glorot_uniform, dtype=_dt.float32, device=None):
-        kernel = pair(kernel, "kernel")
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(f"Conv: channels {in_channels} => {out_channels} must both be divisible by groups={groups}")
-        self.stride, self.dilation, self.groups = pair(stride, "stride"), pair(dilation, "dilation"), int(groups)
-        if pad == "same":
+        kernel, cin, cout = _geometry(self, "Conv", kernel, in_channels, out_channels, stride, dilation, groups)
+        if isinstance(pad, str) and pad.lower() == "same":
             if self.stride != (1, 1):
-                raise ValueError('Conv: pad="same" needs stride 1 (as in PyTorch)')
+                raise ShapeError(f'Conv: pad="same" needs stride 1 (as in PyTorch), got stride={stride}; '
+                                 "give the padding as numbers instead")
             pad = same_padding(kernel, self.dilation)
-        self.pad = quad(pad)
+        self.pad = pad_arg(pad, "Conv", words=("valid", "same"))
+        self.activation = as_activation(activation, "Conv")
         k = kernel[0] * kernel[1]
-        _init_parameters(self, (out_channels, in_channels // groups, *kernel), k * in_channels // groups,
-                         k * out_channels // groups, out_channels, init, bias, dtype, device)
-        self.activation = activation
+        _init_parameters(self, "Conv", (cout, cin // self.groups, *kernel), k * cin // self.groups,
+                         k * cout // self.groups, cout, init, bias, dtype, device)
 
     def __call__(self, x):
         cin = self.weight.shape[1] * self.groups
@@ -112,7 +133,7 @@ class Conv(Layer):
                                  f"kernel's extent {d * (k - 1) + 1}; input shape {x.shape}")
         # activations whose derivative follows from the output are fused with the conv
         # and the bias into one primitive; others keep conv2d, + bias, activation
-        fused = _FUSABLE.get(id(self.activation)) if self.bias is not None else None
+        fused = fused_activation(self.activation, "conv2d_bias_act") if self.bias is not None else None
         if fused is not None:
             # one primitive: conv, bias and activation in one kernel (backward from the output)
             return ops.conv2d_bias_act(x, self.weight, self.bias, stride=self.stride, padding=self.pad,
@@ -134,18 +155,34 @@ class Conv(Layer):
 
 class ConvTranspose(Layer):
     """``activation(conv_transpose2d(x, weight) + bias)``, the upsampling
-    convolution of a UNET decoder. ``weight`` is ``(in, out/groups, kh, kw)``
-    (PyTorch's ConvTranspose2d layout)."""
+    convolution of a UNET decoder (torch's ``ConvTranspose2d``, Flux's
+    ``ConvTranspose``): ``ConvTranspose((2, 2), 64, 32, stride=2)`` doubles
+    H and W.
+
+    Arguments as Conv's (no ``"same"``), plus ``outpad`` (an int or (h, w),
+    each below its stride or dilation): extra rows and columns at the
+    bottom/right of the output. ``weight`` is ``(in, out/groups, kh, kw)``
+    (PyTorch's layout)::
+
+        up = ConvTranspose((2, 2), 8, 4, stride=2)
+        up(tf.ones(1, 8, 16, 16)).shape        # (1, 4, 32, 32)
+
+    Math: reference/conv.py ``conv_transpose2d_forward``; output size:
+    triflux/specs/conv.py.
+    """
 
     def __init__(self, kernel, in_channels, out_channels, activation=identity, *, stride=1, pad=0,
                  outpad=0, dilation=1, groups=1, bias=True, init=glorot_uniform, dtype=_dt.float32, device=None):
-        kernel = pair(kernel, "kernel")
-        self.stride, self.dilation, self.groups = pair(stride, "stride"), pair(dilation, "dilation"), int(groups)
-        self.pad, self.outpad = quad(pad), pair(outpad, "outpad")
+        kernel, cin, cout = _geometry(self, "ConvTranspose", kernel, in_channels, out_channels, stride, dilation,
+                                      groups)
+        self.pad, self.outpad = pad_arg(pad, "ConvTranspose"), pair_arg(outpad, "ConvTranspose", "outpad", low=0)
+        if any(o >= max(s, d) for o, s, d in zip(self.outpad, self.stride, self.dilation)):
+            raise ShapeError(f"ConvTranspose: outpad={outpad} must be smaller than the stride {self.stride} or the "
+                             f"dilation {self.dilation} on each axis (as in PyTorch)")
+        self.activation = as_activation(activation, "ConvTranspose")
         k = kernel[0] * kernel[1]
-        _init_parameters(self, (in_channels, out_channels // groups, *kernel), k * out_channels // groups,
-                         k * in_channels // groups, out_channels, init, bias, dtype, device)
-        self.activation = activation
+        _init_parameters(self, "ConvTranspose", (cin, cout // self.groups, *kernel), k * cout // self.groups,
+                         k * cin // self.groups, cout, init, bias, dtype, device)
 
     def __call__(self, x):
         x = check_input(self, _four_d(self, x), self.weight, axis=1, expected=self.weight.shape[0],

@@ -3,51 +3,56 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import ops
-from ..activations import identity
+from ..activations import as_activation, identity
+from ..arguments import float_dtype, int_arg
 from ..devices import as_device
-from ..errors import ShapeError
 from ..show import fname
-from ..tensor import Tensor, as_tensor, transfer
+from ..tensor import Tensor, transfer
 from .base import Layer
-from .initialisers import glorot_normal, glorot_uniform
+from .initialisers import glorot_uniform, initial_weight, owned_parameter
 from .inputs import check_input
 
 __all__ = ["Dense"]
 
 
-def _param(value, shape, name, layer_name):
-    t = as_tensor(value)
-    if t.shape != tuple(shape):
-        raise ShapeError(f"{layer_name}: {name} must have shape {tuple(shape)}, got {t.shape}")
-    return t
-
-
 class Dense(Layer):
     """``y = activation(x @ weight.T + bias)`` on the last axis of ``x``.
 
+    ``Dense(10, 5, relu)`` is Flux's ``Dense(10 => 5, relu)`` (``Dense((10,
+    5))`` works too): ``in_features`` and ``out_features`` are non-negative
+    ints; ``activation`` a function or an activation's name (``"relu"``,
+    see ``triflux.activations.BY_NAME``); ``bias`` True (zeros), False/None
+    (no bias) or an array of ``out_features`` values; ``init(out, in)``
+    returns the initial weight (Glorot uniform by default); ``dtype`` a
+    floating type; ``device`` where the parameters live. Arrays given as
+    ``bias`` or returned by ``init`` are copied: the layer owns its
+    parameters.
+
     ``weight`` has PyTorch's layout ``(out_features, in_features)``; inputs
     are ``(..., in_features)``, batch first (Flux's ``(in, N)`` in the same
-    memory order). ``Dense(10, 5, relu)`` is Flux's ``Dense(10 => 5, relu)``.
+    memory order)::
+
+        layer = Dense(3, 2, relu)
+        layer(tf.ones(4, 3)).shape     # (4, 2)
+
+    Math: reference/matmul.py ``matmul_forward`` (``ops.matmul(x, weight.T)``).
     """
 
     def __init__(self, in_features, out_features=None, activation=identity, *, bias=True,
                  init=glorot_uniform, dtype=_dt.float32, device=None):
-        if out_features is None and isinstance(in_features, tuple):
+        if out_features is None and isinstance(in_features, tuple) and len(in_features) == 2:
             in_features, out_features = in_features
-        in_features, out_features = int(in_features), int(out_features)
-        if in_features < 0 or out_features < 0:
-            raise ShapeError(f"Dense sizes must be non-negative, got {in_features} => {out_features}")
-        dtype = _dt.as_dtype(dtype)
-        w = init(out_features, in_features, dtype=dtype) if init in (glorot_uniform, glorot_normal) \
-            else _param(init(out_features, in_features), (out_features, in_features), "weight", "Dense")
-        self.weight = ops.cast(w, dtype)
+        in_features = int_arg(in_features, "Dense", "in_features", low=0)
+        out_features = int_arg(out_features, "Dense", "out_features", low=0)
+        self.activation = as_activation(activation, "Dense")
+        dtype = float_dtype(dtype, "Dense")
+        self.weight = initial_weight(init, (out_features, in_features), dtype, "Dense")
         if bias is True:
             self.bias = Tensor._from_numpy(np.zeros(out_features, dtype=dtype))
         elif bias is False or bias is None:
             self.bias = None
         else:
-            self.bias = _param(bias, (out_features,), "bias", "Dense")
-        self.activation = activation
+            self.bias = owned_parameter(bias, (out_features,), dtype, "Dense", "bias")
         if device is not None:
             dev = as_device(device)
             self.weight = transfer(self.weight, dev)

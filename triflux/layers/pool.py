@@ -9,7 +9,7 @@ call, with a ShapeError that names the layer and says what to change.
 import numbers
 
 from .. import ops
-from ..arguments import quad
+from ..arguments import flag_arg, is_int, not_real, is_real, pad_arg, pair_arg
 from ..errors import ShapeError
 from ..specs.pool import pool2d_spec
 from ..specs.upsample import upsample2d_spec
@@ -24,18 +24,16 @@ def _is_number(v):
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-def _ints(layer, what, v, low, n=2):
-    """``v`` (an int or ``n`` ints) as an n-tuple of ints >= ``low``, or an error naming the layer."""
-    vals = (v,) * n if _is_number(v) else tuple(v) if isinstance(v, (tuple, list)) else None
-    if vals is None or len(vals) != n or not all(_is_number(a) and float(a).is_integer() and a >= low
-                                                 for a in vals):
-        kind = "positive" if low == 1 else "non-negative"
-        raise ShapeError(f"{layer}: {what} must be a {kind} int or {n} of them, got {v!r}")
-    return tuple(int(a) for a in vals)
+def _real(layer, x):
+    """``x`` as a Tensor of real numbers, or a DTypeError naming the layer."""
+    x = as_tensor(x)
+    if not is_real(x.dtype):
+        raise not_real(x.dtype, layer_name(layer))
+    return x
 
 
 def _four_d(layer, x):
-    x = as_tensor(x)
+    x = _real(layer, x)
     if x.ndim != 4:
         raise ShapeError(f"{layer_name(layer)} expects a 4-d (N, C, H, W) input, got shape {x.shape}")
     return x
@@ -54,14 +52,10 @@ class _WindowPool(Layer):
     """What MaxPool and MeanPool share: the window, stride and padding options."""
 
     def __init__(self, name, window, stride, pad, ceil_mode):
-        self.window = _ints(name, "the window", window, 1)
-        self.stride = self.window if stride is None else _ints(name, "stride", stride, 1)
-        sides = tuple(pad) if isinstance(pad, (tuple, list)) else (pad,)
-        if len(sides) not in (1, 2, 4) or not all(_is_number(p) and float(p).is_integer() and p >= 0 for p in sides):
-            raise ShapeError(f"{name}: pad must be a non-negative int, (h, w) or (top, bottom, left, right), "
-                             f"got {pad!r}")
-        self.pad = quad(tuple(int(p) for p in sides) if len(sides) > 1 else int(sides[0]))
-        self.ceil_mode = bool(ceil_mode)
+        self.window = pair_arg(window, name, "the window")
+        self.stride = self.window if stride is None else pair_arg(stride, name, "stride")
+        self.pad = pad_arg(pad, name)
+        self.ceil_mode = flag_arg(ceil_mode, name, "ceil_mode")
 
     def _check_pad(self, name, extent):
         t, b, l, r = self.pad
@@ -79,15 +73,23 @@ class _WindowPool(Layer):
 
 
 class MaxPool(_WindowPool):
-    """The maximum over each ``window`` (torch's ``MaxPool2d``): ``stride``
-    (the window by default), ``pad`` (an int, (h, w) or (top, bottom, left,
-    right); padding never wins), ``dilation`` (taps ``dilation`` apart) and
+    """The maximum over each ``window`` of (N, C, H, W) input (torch's
+    ``MaxPool2d``, Flux's ``MaxPool``): ``window`` a positive int or (kh,
+    kw); ``stride`` (the window by default); ``pad`` (an int, (h, w), (top,
+    bottom, left, right) or "valid"; padding never wins, and each side is
+    smaller than the window); ``dilation`` (taps ``dilation`` apart) and
     ``ceil_mode`` (a last, partial window where the input does not fill one,
-    when it starts inside the input or its top/left padding). NaN propagates."""
+    when it starts inside the input or its top/left padding). NaN propagates::
+
+        MaxPool(2)(tf.ones(1, 3, 32, 32)).shape     # (1, 3, 16, 16)
+
+    Math: reference/pool.py ``maxpool2d_forward``; output size and windows:
+    triflux/specs/pool.py.
+    """
 
     def __init__(self, window, *, stride=None, pad=0, dilation=1, ceil_mode=False):
         super().__init__("MaxPool", window, stride, pad, ceil_mode)
-        self.dilation = _ints("MaxPool", "dilation", dilation, 1)
+        self.dilation = pair_arg(dilation, "MaxPool", "dilation")
         extent = tuple(d * (k - 1) + 1 for k, d in zip(self.window, self.dilation))
         self._check_pad("MaxPool", extent)
 
@@ -105,14 +107,20 @@ class MaxPool(_WindowPool):
 
 
 class MeanPool(_WindowPool):
-    """The mean over each ``window`` (torch's ``AvgPool2d``): ``stride``,
-    ``pad`` and ``ceil_mode`` as for MaxPool; ``count_include_pad`` divides by
-    the window's taps inside the padded input (True, padding counts as zeros)
-    or inside the input only (False)."""
+    """The mean over each ``window`` of (N, C, H, W) input (torch's
+    ``AvgPool2d``, Flux's ``MeanPool``): ``window``, ``stride``, ``pad`` and
+    ``ceil_mode`` as for MaxPool; ``count_include_pad`` divides by the
+    window's taps inside the padded input (True, padding counts as zeros) or
+    inside the input only (False)::
+
+        MeanPool(2, stride=1)(tf.ones(1, 3, 4, 4)).shape     # (1, 3, 3, 3)
+
+    Math: reference/pool.py ``meanpool2d_forward``; windows: triflux/specs/pool.py.
+    """
 
     def __init__(self, window, *, stride=None, pad=0, ceil_mode=False, count_include_pad=True):
         super().__init__("MeanPool", window, stride, pad, ceil_mode)
-        self.count_include_pad = bool(count_include_pad)
+        self.count_include_pad = flag_arg(count_include_pad, "MeanPool", "count_include_pad")
         self._check_pad("MeanPool", self.window)
 
     def __call__(self, x):
@@ -131,9 +139,8 @@ class MeanPool(_WindowPool):
 class _AdaptivePool(Layer):
     def __init__(self, out):
         name = type(self).__name__
-        sides = (out, out) if out is None or _is_number(out) else tuple(out) if isinstance(out, (tuple, list)) else ()
-        if len(sides) != 2 or not all(s is None or (_is_number(s) and float(s).is_integer() and s >= 1)
-                                      for s in sides):
+        sides = (out, out) if out is None or not isinstance(out, (tuple, list)) else tuple(out)
+        if len(sides) != 2 or not all(s is None or is_int(s) and s >= 1 for s in sides):
             raise ShapeError(f"{name}: the output size must be a positive int or two of them (None keeps the "
                              f"input's side), got {out!r}")
         self.out = tuple(None if s is None else int(s) for s in sides)
@@ -146,29 +153,37 @@ class AdaptiveMaxPool(_AdaptivePool):
     """The maximum over windows that tile the input into ``out`` = (Ho, Wo)
     outputs whatever its size (torch's ``AdaptiveMaxPool2d``: window i along H
     covers floor(i*H/Ho) <= h < ceil((i+1)*H/Ho)); a ``None`` side keeps the
-    input's."""
+    input's: ``AdaptiveMaxPool((7, 7))(x)`` is (N, C, 7, 7) for any H, W.
+    Math: reference/pool.py ``adaptive_maxpool2d_forward``."""
 
     def __call__(self, x):
         return ops.adaptive_maxpool2d(_four_d(self, x), self.out)
 
 
 class AdaptiveMeanPool(_AdaptivePool):
-    """The mean over the windows of AdaptiveMaxPool (torch's ``AdaptiveAvgPool2d``)."""
+    """The mean over the windows of AdaptiveMaxPool (torch's ``AdaptiveAvgPool2d``):
+    ``AdaptiveMeanPool(1)`` is GlobalMeanPool. Math: reference/pool.py
+    ``adaptive_meanpool2d_forward``."""
 
     def __call__(self, x):
         return ops.adaptive_meanpool2d(_four_d(self, x), self.out)
 
 
 def _spatial(layer, x):
-    x = as_tensor(x)
+    x = _real(layer, x)
     if x.ndim < 3:
         raise ShapeError(f"{layer_name(layer)} expects (N, C, spatial...) input, got shape {x.shape}")
+    if 0 in x.shape[2:]:
+        raise ShapeError(f"{layer_name(layer)} cannot pool an input with no spatial positions, shape {x.shape}: "
+                         "every (sample, channel) needs at least one value")
     return x
 
 
 class GlobalMeanPool(Layer):
     """The mean over every spatial axis: ``(N, C, H, W) -> (N, C, 1, 1)``
-    (Flux's ``(W, H, C, N) -> (1, 1, C, N)``, the same memory order)."""
+    (Flux's ``(W, H, C, N) -> (1, 1, C, N)``, the same memory order), any
+    number of spatial axes, each non-empty; ``Chain(GlobalMeanPool(),
+    flatten)`` gives (N, C) features. Math: reference/reduce.py ``mean_forward``."""
 
     def __call__(self, x):
         x = _spatial(self, x)
@@ -178,7 +193,8 @@ class GlobalMeanPool(Layer):
 class GlobalMaxPool(Layer):
     """The maximum over every spatial axis: ``(N, C, H, W) -> (N, C, 1, 1)``
     (any number of spatial axes); the gradient goes to one maximal element
-    (the first, or the last NaN), as a MaxPool with the whole input as its window."""
+    (the first, or the last NaN), as a MaxPool with the whole input as its window.
+    Math: reference/pool.py ``adaptive_maxpool2d_forward``."""
 
     def __call__(self, x):
         x = _spatial(self, x)
@@ -202,7 +218,12 @@ class Upsample(Layer):
 
     A first positional string is the mode, a number the scale, so
     ``Upsample("bilinear", scale=2)``, ``Upsample(2)`` and
-    ``Upsample(2, mode="bilinear")`` all work."""
+    ``Upsample(2, mode="bilinear")`` all work::
+
+        Upsample("bilinear", scale=2)(tf.ones(1, 3, 8, 8)).shape    # (1, 3, 16, 16)
+
+    Math: reference/upsample.py ``upsample_nearest2d_forward`` and
+    ``upsample_bilinear2d_forward``; output size: triflux/specs/upsample.py."""
 
     def __init__(self, *args, mode=None, scale=None, size=None, align_corners=False):
         modes = [a for a in args if isinstance(a, str)]
@@ -214,7 +235,7 @@ class Upsample(Layer):
                              "Write Upsample('bilinear', scale=2) or Upsample('nearest', size=(64, 64))")
         mode = modes[0] if modes else mode if mode is not None else "nearest"
         scale = scales[0] if scales else scale
-        mode = mode[1:] if mode.startswith(":") else mode          # Flux's :bilinear
+        mode = mode[1:] if isinstance(mode, str) and mode.startswith(":") else mode          # Flux's :bilinear
         if mode not in _MODES:
             raise ShapeError(f"Upsample: mode must be 'nearest' or 'bilinear', got {mode!r}")
         if scale is not None and size is not None:
@@ -222,13 +243,14 @@ class Upsample(Layer):
                              f"e.g. Upsample('{mode}', scale=2) or Upsample('{mode}', size=(64, 64))")
         if scale is None and size is None:
             scale = 2                              # API.md's Upsample(scale=2, mode="nearest")
+        align_corners = flag_arg(align_corners, "Upsample", "align_corners")
         if align_corners and mode != "bilinear":
             raise ShapeError("Upsample: align_corners applies to the bilinear mode only; use "
                              "Upsample('bilinear', ..., align_corners=True) or drop align_corners")
         self.mode = mode
         self.scale = None if scale is None else _scales(scale)
-        self.size = None if size is None else _ints("Upsample", "size", size, 1)
-        self.align_corners = bool(align_corners)
+        self.size = None if size is None else pair_arg(size, "Upsample", "size")
+        self.align_corners = align_corners
 
     def __call__(self, x):
         x = _four_d(self, x)

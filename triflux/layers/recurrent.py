@@ -26,10 +26,11 @@ import numpy as np
 
 from .. import ops
 from .. import dtypes as _dt
-from ..activations import relu, tanh
+from ..activations import as_activation, relu, tanh
+from ..arguments import flag_arg, float_dtype, int_arg
 from ..constructors import fill, next_seed
 from ..devices import as_device
-from ..errors import ShapeError
+from ..errors import ArgumentError, ShapeError
 from ..show import fname
 from ..tensor import Tensor, as_tensor, transfer
 from .base import Layer, layer_name
@@ -38,6 +39,7 @@ from .inputs import check_input
 __all__ = ["RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell"]
 
 _ACTIVATIONS = {tanh: "tanh", relu: "relu"}
+_ACTIVATION_BY_NAME = {name: f for f, name in _ACTIVATIONS.items()}
 
 
 class _Recurrent(Layer):
@@ -46,12 +48,14 @@ class _Recurrent(Layer):
     _sequence = staticmethod(ops.rnn_sequence)   # the ops function that runs the whole sequence
     _two_states = False
 
-    def _setup(self, in_features, out_features, dtype, device):
-        in_features, out_features = int(in_features), int(out_features)
-        if in_features < 0 or out_features < 1:
-            raise ShapeError(f"{type(self).__name__} sizes must be in >= 0 and out >= 1, got "
-                             f"{in_features} => {out_features}")
-        dtype = _dt.as_dtype(dtype)
+    def _setup(self, in_features, out_features, dtype, device, return_state=None):
+        """Check the arguments; draw the parameters (``return_state``: layers only, not cells)."""
+        who = type(self).__name__
+        in_features = int_arg(in_features, who, "in_features", low=0)
+        out_features = int_arg(out_features, who, "out_features")
+        if return_state is not None:
+            self.return_state = flag_arg(return_state, who, "return_state")
+        dtype = float_dtype(dtype, who)
         g, h = self._gates, out_features
         bound = 1.0 / math.sqrt(h)
         rng = np.random.default_rng(next_seed())
@@ -171,20 +175,21 @@ class _Cell(_Recurrent):
 
 
 def _activation_name(activation, who):
-    name = _ACTIVATIONS.get(activation)
+    name = _ACTIVATIONS.get(as_activation(activation, who))
     if name is None:
-        raise ValueError(f"{who}: the activation must be tanh or relu (as torch.nn.RNN's nonlinearity), "
-                         f"got {getattr(activation, '__name__', activation)!r}")
+        raise ArgumentError(f"{who}: the activation must be tanh or relu (as torch.nn.RNN's nonlinearity), "
+                            f"got {getattr(activation, '__name__', activation)!r}")
     return name
 
 
 class RNNCell(_Cell):
     """One step of an Elman RNN: ``h' = activation(x W_ih^T + b_ih + h W_hh^T + b_hh)``;
-    ``cell(x, h) -> (h', h')``. Flux's ``RNNCell(in => out, activation)``."""
+    ``cell(x, h) -> (h', h')`` on (N, in) steps. Flux's ``RNNCell(in => out, activation)``.
+    Math: reference/rnn.py ``rnn_sequence_forward`` (one step)."""
 
     def __init__(self, in_features, out_features, activation=tanh, *, dtype=_dt.float32, device=None):
         self._act = _activation_name(activation, "RNNCell")
-        self.activation = activation
+        self.activation = _ACTIVATION_BY_NAME[self._act]
         self._setup(in_features, out_features, dtype, device)
 
     def _attrs(self):
@@ -193,7 +198,7 @@ class RNNCell(_Cell):
 
 class LSTMCell(_Cell):
     """One LSTM step (torch.nn.LSTMCell's equations, gates i, f, g, o):
-    ``cell(x, (h, c)) -> (h', (h', c'))``."""
+    ``cell(x, (h, c)) -> (h', (h', c'))``. Math: reference/rnn.py ``lstm_sequence_forward``."""
     _gates, _sequence, _two_states = 4, staticmethod(ops.lstm_sequence), True
 
     def __init__(self, in_features, out_features, *, dtype=_dt.float32, device=None):
@@ -202,7 +207,7 @@ class LSTMCell(_Cell):
 
 class GRUCell(_Cell):
     """One GRU step (torch.nn.GRUCell's equations, gates r, z, n):
-    ``cell(x, h) -> (h', h')``."""
+    ``cell(x, h) -> (h', h')``. Math: reference/rnn.py ``gru_sequence_forward``."""
     _gates, _sequence = 3, staticmethod(ops.gru_sequence)
 
     def __init__(self, in_features, out_features, *, dtype=_dt.float32, device=None):
@@ -212,15 +217,20 @@ class GRUCell(_Cell):
 class RNN(_Layer):
     """Elman RNN over a batch-first sequence (N, L, in) -> (N, L, out), as
     ``torch.nn.RNN(in, out, nonlinearity, batch_first=True)``;
-    ``RNN(7, 6)`` is Flux's ``RNN(7 => 6)``. ``layer(x, h0)`` starts from h0;
-    ``return_state=True`` also returns the final h."""
+    ``RNN(7, 6)`` is Flux's ``RNN(7 => 6)``. ``in_features`` >= 0 and
+    ``out_features`` >= 1 are ints, ``activation`` tanh or relu (or their
+    names), ``dtype`` a floating type. ``layer(x, h0)`` starts from h0;
+    ``return_state=True`` also returns the final h::
+
+        RNN(7, 6)(tf.ones(2, 10, 7)).shape      # (2, 10, 6)
+
+    Math: reference/rnn.py ``rnn_sequence_forward``."""
 
     def __init__(self, in_features, out_features, activation=tanh, *, return_state=False,
                  dtype=_dt.float32, device=None):
         self._act = _activation_name(activation, "RNN")
-        self.activation = activation
-        self.return_state = bool(return_state)
-        self._setup(in_features, out_features, dtype, device)
+        self.activation = _ACTIVATION_BY_NAME[self._act]
+        self._setup(in_features, out_features, dtype, device, return_state)
 
     def _attrs(self):
         return {"activation": self._act}
@@ -228,19 +238,20 @@ class RNN(_Layer):
 
 class LSTM(_Layer):
     """LSTM over a batch-first sequence (N, L, in) -> (N, L, out), as
-    ``torch.nn.LSTM(in, out, batch_first=True)``; the state is (h, c)."""
+    ``torch.nn.LSTM(in, out, batch_first=True)`` (Flux's ``LSTM(in => out)``);
+    the state is (h, c): ``y, (h, c) = LSTM(3, 4, return_state=True)(x)``.
+    Math: reference/rnn.py ``lstm_sequence_forward``."""
     _gates, _sequence, _two_states = 4, staticmethod(ops.lstm_sequence), True
 
     def __init__(self, in_features, out_features, *, return_state=False, dtype=_dt.float32, device=None):
-        self.return_state = bool(return_state)
-        self._setup(in_features, out_features, dtype, device)
+        self._setup(in_features, out_features, dtype, device, return_state)
 
 
 class GRU(_Layer):
     """GRU over a batch-first sequence (N, L, in) -> (N, L, out), as
-    ``torch.nn.GRU(in, out, batch_first=True)``; the state is h."""
+    ``torch.nn.GRU(in, out, batch_first=True)`` (Flux's ``GRU(in => out)``);
+    the state is h. Math: reference/rnn.py ``gru_sequence_forward``."""
     _gates, _sequence = 3, staticmethod(ops.gru_sequence)
 
     def __init__(self, in_features, out_features, *, return_state=False, dtype=_dt.float32, device=None):
-        self.return_state = bool(return_state)
-        self._setup(in_features, out_features, dtype, device)
+        self._setup(in_features, out_features, dtype, device, return_state)

@@ -25,6 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..arguments import flux_layout_hint
 from ..dtypes import as_dtype, compute_dtype
 from ..errors import DTypeError, ShapeError
 from . import cached_on_arguments
@@ -109,7 +110,9 @@ def _out_side(n, lo, hi, k, s, d):
 def _conv2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride, padding, dilation, groups, activation):
     _check_conv(x_shape, w_shape, x_dtype, w_dtype, groups)
     if x_shape[1] // groups != w_shape[1]:
-        raise ShapeError(f"conv2d: w {w_shape} needs C/groups = {x_shape[1] // groups} input channels")
+        raise ShapeError(f"conv2d: x {x_shape} has {x_shape[1]} input channels (axis 1) but w {w_shape} takes "
+                         f"{w_shape[1] * groups} (w's axis 1 times groups={groups})."
+                         f"{flux_layout_hint(x_shape, 1, w_shape[1] * groups)}")
     (N, _, H, W), (O, _, kh, kw) = x_shape, w_shape
     (sh, sw), (pt, pb, pl, pr), (dh, dw) = stride, padding, dilation
     Ho, Wo = _out_side(H, pt, pb, kh, sh, dh), _out_side(W, pl, pr, kw, sw, dw)
@@ -153,7 +156,8 @@ def conv2d_bias_act_spec(x_shape, w_shape, b_shape, x_dtype, w_dtype, b_dtype, s
 def _conv_transpose2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride, padding, output_padding, dilation, groups):
     _check_conv(x_shape, w_shape, x_dtype, w_dtype, groups)
     if x_shape[1] != w_shape[0]:
-        raise ShapeError(f"conv_transpose2d: w {w_shape} needs {x_shape[1]} input channels first")
+        raise ShapeError(f"conv_transpose2d: x {x_shape} has {x_shape[1]} input channels (axis 1) but w "
+                         f"{w_shape} takes {w_shape[0]} (w's axis 0).{flux_layout_hint(x_shape, 1, w_shape[0])}")
     (N, _, H, W), (_, Og, kh, kw) = x_shape, w_shape
     (sh, sw), (pt, pb, pl, pr), (dh, dw), (oph, opw) = stride, padding, dilation, output_padding
     # torch's rule: each side of output_padding below its stride or its dilation

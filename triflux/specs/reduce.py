@@ -13,8 +13,6 @@ import functools
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..arguments import normalize_axes
 from ..dtypes import as_dtype, compute_dtype, float64, int64, is_floating
 from ..errors import ShapeError
@@ -61,8 +59,8 @@ def reduce_spec(primitive, x_shape, dtype, axis=None, keepdims=False):
     ``axis`` (None for every axis, an int or several; negative counts from the
     end); raises ShapeError for an axis out of range and for the maximum of
     nothing."""
-    if axis is not None and not isinstance(axis, (int, np.integer)):
-        axis = tuple(axis)
+    if isinstance(axis, list):
+        axis = tuple(axis)       # hashable, for the cache (other kinds are checked by normalize_axes)
     return _reduction_spec(primitive, tuple(x_shape), dtype, axis, bool(keepdims))
 
 

@@ -7,7 +7,6 @@ kept as size 1 with ``keepdims``, dropped without).
 """
 import functools
 import math
-import operator
 from dataclasses import dataclass
 
 from ..arguments import normalize_axis
@@ -48,7 +47,7 @@ def softmax_spec(primitive, x_shape, dtype, axis, keepdims=False):
         if len(axis) != 1:
             raise ShapeError(f"`{primitive}`: the softmax family works along one axis, got axis={axis}")
         axis = axis[0]
-    return _softmax_spec(primitive, tuple(x_shape), dtype, operator.index(axis), bool(keepdims))
+    return _softmax_spec(primitive, tuple(x_shape), dtype, axis, bool(keepdims))
 
 
 @functools.lru_cache(maxsize=1024)
