@@ -102,3 +102,54 @@ def test_errors():
 def test_numpy_arguments_get_gradients():
     (g,) = tf.gradient(lambda a: (a * a).sum(), np.array([1.0, 2.0], np.float32))
     np.testing.assert_allclose(g.numpy(), [2.0, 4.0])
+
+
+@pytest.mark.parametrize("arg,text", [
+    (3.0, r"argument 0 is a Python float \(3.0\): pass `tensor\(3.0\)`"),
+    ([1.0, 2.0], r"argument 0 is a Python list \(\[1.0, 2.0\]\): pass `tensor\(\[1.0, 2.0\]\)`"),
+    (tf.tensor([1, 2]), r"argument 0 is a Tensor of int64: pass a floating-point one, `x.astype\('float32'\)`"),
+    (tf.Chain(tf.relu), r"argument 0 \(Chain\) holds no floating-point Tensor"),
+])
+def test_nothing_to_differentiate_says_what_to_pass(arg, text):
+    with pytest.raises(GradientError, match="`gradient`: nothing to differentiate: " + text):
+        tf.gradient(lambda a: a * 2, arg)
+
+
+def test_a_gradient_that_is_none_for_a_likely_reason_warns():
+    x = tf.tensor([1.0, 2.0])
+    with pytest.warns(UserWarning, match="`gradient`: argument 1 is a Python float, not a Tensor, so its "
+                                         r"gradient is None. To differentiate with respect to it pass a Tensor"):
+        gx, gs = tf.gradient(lambda x, s: (x * s).sum(), x, 0.5)
+    assert gs is None and gx.numpy().tolist() == [0.5, 0.5]
+    with pytest.warns(UserWarning, match=r"`withgradient`: the value does not depend on the arguments' "
+                                         r"floating-point Tensors, so every gradient is None. Likely it left the "
+                                         r"tape: `.numpy\(\)`, `.item\(\)`, `float\(...\)`"):
+        value, (g,) = tf.withgradient(lambda x: tf.tensor((x * x).sum().numpy()), x)
+    assert g is None and float(value) == 5.0
+    with pytest.raises(GradientError, match=r"returned float, not a scalar Tensor.*`.item\(\)`, `float\(...\)`"):
+        tf.gradient(lambda x: (x * x).sum().item(), x)
+
+
+def test_second_order_gradients_are_refused():
+    x = tf.tensor([1.0, 2.0])
+    with pytest.raises(GradientError, match="`gradient` was called while another `gradient` is recording .*"
+                                            "second-order gradients are not supported"):
+        tf.gradient(lambda x: tf.gradient(lambda z: (z * z).sum(), x)[0].sum(), x)
+    assert tape.TAPE is None
+    (g,) = tf.gradient(lambda x: (x * x).sum(), x)                 # and gradient works again afterwards
+    assert g.numpy().tolist() == [2.0, 4.0]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_ignore_derivatives(dev):
+    d = device(dev)
+    w = tf.tensor([1.0, -2.0], device=d)
+    (g,) = tf.gradient(lambda w: (w * tf.ignore_derivatives(w)).sum(), w)
+    assert g.numpy().tolist() == [1.0, -2.0]                         # w, not 2w: one factor is a constant
+    m = d(tf.Dense(2, 1))
+    x = tf.tensor([[1.0, 3.0]], device=d)
+    (gm,) = tf.gradient(lambda m: (m(x) * 3 + tf.ignore_derivatives(m)(x) + tf.ignore_derivatives(lambda: m(x))).sum(),
+                        m)
+    np.testing.assert_allclose(gm["weight"].numpy(), [[3.0, 9.0]])  # only the first term counts
+    frozen = tf.ignore_derivatives({"w": w, "n": 3})
+    assert frozen["n"] == 3 and frozen["w"] is not w and frozen["w"].numpy().tolist() == [1.0, -2.0]

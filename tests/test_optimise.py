@@ -7,9 +7,10 @@ import torch
 
 import triflux as tf
 from triflux import losses
-from triflux.errors import DeviceMismatchError, NonFiniteError, StructureError
+from triflux.errors import ArgumentError, DeviceMismatchError, NonFiniteError, StructureError
 from triflux.layers import Layer
-from triflux.optimise import (Adam, AdamW, Descent, Leaf, Momentum, Nesterov, RMSProp, adjust, setup,
+from triflux.optimise import (Adam, AdamW, Descent, Leaf, MixedPrecision, Momentum, Nesterov, RMSProp, adjust,
+                              rule_from_dict, setup, trainables,
                               train, update)
 from triflux.persistence import loadmodel, state
 
@@ -149,8 +150,6 @@ def test_defaults_and_repr():
     assert repr(AdamW()) == "AdamW(0.001, (0.9, 0.999), 0.0, 1e-08, True)"
     assert repr(RMSProp()) == "RMSProp(0.001, 0.9, 1e-08; centred = false)"
     assert Adam(eta=0.01).eta == 0.01 and AdamW(lambda_=0.1).lambd == 0.1
-    with pytest.raises(ValueError, match="negative"):
-        Adam(-1.0)
     with pytest.raises(NotImplementedError, match="centred"):
         RMSProp(centred=True)
     r = repr(setup(Adam(), tf.zeros(2, 3)))
@@ -273,6 +272,72 @@ def test_adjust():
     adjust(s, eta=0.25)
     update(s, p, tf.ones(3))
     np.testing.assert_allclose(p.numpy(), 0.75)
+
+
+INF, NAN = float("inf"), float("nan")
+BAD_HYPERPARAMETERS = [
+    (lambda: Adam(1e-3, (0.9, 1.5)), r"Adam: beta\[1\] \(β2\) must be in \[0, 1\), got 1.5"),
+    (lambda: Adam(1e-3, (1.0, 0.999)), r"Adam: beta\[0\] \(β1\) must be in \[0, 1\), got 1.0"),
+    (lambda: Adam(beta=0.9), r"Adam: beta must be a pair \(β1, β2\) of numbers in \[0, 1\), e.g. \(0.9, 0.999\), "
+                             r"got 0.9"),
+    (lambda: Adam(-1.0), r"Adam: eta \(the learning rate\) must be finite and >= 0, got -1.0"),
+    (lambda: Adam("0.1"), r"Adam: eta \(the learning rate\) must be a real number, got '0.1'"),
+    (lambda: Adam(epsilon=0), r"Adam: epsilon must be finite and > 0, got 0.0"),
+    (lambda: Descent(INF), r"Descent: eta \(the learning rate\) must be finite and >= 0, got inf"),
+    (lambda: Momentum(0.01, NAN), r"Momentum: rho \(the momentum\) must be in \[0, 1\), got nan"),
+    (lambda: Nesterov(rho=1), r"Nesterov: rho \(the momentum\) must be in \[0, 1\), got 1.0"),
+    (lambda: RMSProp(rho=1.5), r"RMSProp: rho must be in \[0, 1\), got 1.5"),
+    (lambda: RMSProp(epsilon=INF), r"RMSProp: epsilon must be finite and > 0, got inf"),
+    (lambda: AdamW(lambd=NAN), r"AdamW: lambd \(the weight decay\) must be finite and >= 0, got nan"),
+    (lambda: AdamW(couple="no"), r"AdamW: couple must be True or False, got 'no'"),
+    (lambda: MixedPrecision(Adam(), growth_interval=2.5), r"MixedPrecision: growth_interval must be a whole number "
+                                                          r">= 1, got 2.5"),
+    (lambda: MixedPrecision(Adam(), backoff_factor=0), r"MixedPrecision: backoff_factor must be in \(0, 1\], got 0.0"),
+    (lambda: MixedPrecision(Adam(), loss_scale=-2), r"MixedPrecision: loss_scale must be finite and > 0, got -2.0"),
+    (lambda: Adam().replace(beta=(0.9, NAN)), r"Adam: beta\[1\] \(β2\) must be in \[0, 1\), got nan"),
+    (lambda: rule_from_dict({"Adam": {"eta": 1e-3, "beta": np.array([1.0, 0.999])}}),
+     r"Adam: beta\[0\] \(β1\) must be in \[0, 1\), got 1.0"),
+]
+
+
+@pytest.mark.parametrize("make,text", BAD_HYPERPARAMETERS, ids=range(len(BAD_HYPERPARAMETERS)))
+def test_hyperparameters_are_checked(make, text):
+    with pytest.raises(ArgumentError, match=text):
+        make()
+
+
+def test_adjust_with_a_bad_value_changes_nothing():
+    m = _mlp()
+    st = setup(Adam(0.01), m)
+    update(st, m, tf.gradient(lambda mm: mm(tf.ones(2, 3)).sum(), m)[0])
+    before = repr(state(st))
+    with pytest.raises(ArgumentError, match=r"Adam: beta\[0\] \(β1\) must be in \[0, 1\), got 2.0"):
+        adjust(st, beta=(2, 2))
+    with pytest.raises(TypeError, match="no rule in this optimiser state has hyperparameter"):
+        adjust(st, 0.5, rho=0.3)                     # eta is valid, rho unknown: neither is applied
+    assert repr(state(st)) == before and st["layers"][0]["weight"].rule == Adam(0.01)
+
+
+def test_loading_a_saved_rule_checks_it():
+    m = _mlp()
+    saved = state(setup(Adam(), m))
+    saved["layers"][0]["weight"]["rule"]["Adam"]["beta"] = [1.0, 0.999]
+    with pytest.raises(ValueError, match=r"Adam: beta\[0\] \(β1\) must be in \[0, 1\), got 1.0"):
+        loadmodel(setup(Adam(), m), saved)
+    with pytest.raises(StructureError, match=r"a saved Adam rule with unknown hyperparameter\(s\) \['rho'\]; "
+                                             r"Adam has \['eta', 'beta', 'epsilon'\]"):
+        rule_from_dict({"Adam": {"eta": 1e-3, "rho": 0.9}})
+
+
+def test_trainables():
+    tied = tf.Dense(3, 3)
+    bn = tf.BatchNorm(3)
+    model = {"net": tf.Chain(tied, bn, WithBuffer(), tied), "extra": [tf.ones(2)]}
+    ps = trainables(model)
+    expected = [tied.weight, tied.bias, bn.weight, bn.bias, model["net"][2].weight, model["extra"][0]]
+    assert len(ps) == len(expected) and all(p is e for p, e in zip(ps, expected))
+    assert sum(p.size for p in ps) == 12 + 6 + 4 + 2
+    assert tf.trainables(tf.relu) == [] and tf.trainables(tied.weight) == [tied.weight]
 
 
 # --- all parameters of a dtype in one launch -------------------------------------------------------------

@@ -153,7 +153,10 @@ def crossentropy(yhat, y, *, dims=None, agg="mean", eps=None):
 
     ``ŷ`` holds probabilities (e.g. a ``softmax`` output) and ``y`` one-hot
     or probability targets of the same shape; prefer ``logitcrossentropy``
-    on logits, which is more stable."""
+    on logits, which is more stable. As Flux's and torch's ``nll_loss``, it
+    does not check that ``ŷ`` holds probabilities (that would wait for the
+    device on every call): given logits it returns NaN (``train`` then stops
+    with ``NonFiniteError``) or a meaningless value."""
     yhat, y = _prepare("crossentropy", yhat, y, labels_hint=True)
     d = _class_axis("crossentropy", yhat, dims)
     e = epseltype(yhat.dtype) if eps is None else float(eps)

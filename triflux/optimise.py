@@ -39,16 +39,18 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import ops
-from .autodiff import withgradient
+from .autodiff import LEFT_THE_TAPE, differentiate
 from .constructors import zeros_like
+from .devices import move_code
 from .dispatch import implementation
-from .errors import DeviceMismatchError, GradientError, NonFiniteError, StructureError
-from .functor import children, is_layer, leaves, path_join
+from .errors import ArgumentError, DeviceMismatchError, GradientError, NonFiniteError, StructureError
+from .functor import children, holds_arrays, is_layer, leaves, path_join
+from .modes import all_or_nothing
 from .primitives import REGISTRY
 from .tensor import Tensor, as_tensor
 
 __all__ = ["Descent", "Momentum", "Nesterov", "Adam", "AdamW", "RMSProp", "Leaf", "Rule",
-           "MixedPrecision", "MixedPrecisionState", "setup", "update", "adjust", "train", "RULES"]
+           "MixedPrecision", "MixedPrecisionState", "setup", "update", "adjust", "train", "trainables", "RULES"]
 
 
 # --- rules ------------------------------------------------------------------------------------
@@ -135,18 +137,66 @@ def _by_step(states):
     return groups
 
 
-def _eta(v, name):
-    v = float(v)
-    if not v >= 0:
-        raise ValueError(f"{name}: the learning rate cannot be negative (or NaN), got {v}")
+# --- hyperparameter checks: every rule's constructor (and so ``replace``, ``adjust`` and loading a
+# saved rule) takes its values through these, so no rule exists that would turn parameters into NaN
+
+def _real(value, rule, field):
+    """``value`` as a float, or an ArgumentError naming the rule and the field."""
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        raise ArgumentError(f"{rule}: {field} must be a real number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"{rule}: {field} must be a real number, got {value!r}") from None
+
+
+def _in_range(value, rule, field, ok, valid):
+    v = _real(value, rule, field)
+    if not ok(v):
+        raise ArgumentError(f"{rule}: {field} must be {valid}, got {v!r}")
     return v
 
 
-def _beta(beta, name):
-    beta = tuple(float(b) for b in beta)
+def _non_negative(v):
+    return 0 <= v < math.inf
+
+
+def _positive(v):
+    return 0 < v < math.inf
+
+
+def _eta(v, rule):
+    return _in_range(v, rule, "eta (the learning rate)", _non_negative, "finite and >= 0")
+
+
+def _decay(v, rule, field):
+    return _in_range(v, rule, field, _non_negative, "finite and >= 0")
+
+
+def _epsilon(v, rule):
+    return _in_range(v, rule, "epsilon", _positive, "finite and > 0")
+
+
+def _fraction(v, rule, field):
+    """A decay rate of a running average: in [0, 1) (at 1 the average never moves)."""
+    return _in_range(v, rule, field, lambda v: 0 <= v < 1, "in [0, 1)")
+
+
+def _beta(beta, rule):
+    pair = "a pair (β1, β2) of numbers in [0, 1), e.g. (0.9, 0.999)"
+    try:
+        beta = tuple(beta)
+    except TypeError:
+        raise ArgumentError(f"{rule}: beta must be {pair}, got {beta!r}") from None
     if len(beta) != 2:
-        raise ValueError(f"{name}: beta must be a pair (β1, β2), got {beta}")
-    return beta
+        raise ArgumentError(f"{rule}: beta must be {pair}, got {beta!r}")
+    return tuple(_fraction(b, rule, f"beta[{i}] (β{i + 1})") for i, b in enumerate(beta))
+
+
+def _flag(v, rule, field):
+    if v not in (True, False):
+        raise ArgumentError(f"{rule}: {field} must be True or False, got {v!r}")
+    return bool(v)
 
 
 class Descent(Rule):
@@ -169,7 +219,7 @@ class Momentum(Rule):
     _primitive = "momentum_update"
 
     def __init__(self, eta=0.01, rho=0.9):
-        self.eta, self.rho = _eta(eta, "Momentum"), float(rho)
+        self.eta, self.rho = _eta(eta, "Momentum"), _fraction(rho, "Momentum", "rho (the momentum)")
 
     def init(self, x):
         return zeros_like(x)
@@ -186,7 +236,7 @@ class Nesterov(Rule):
     _primitive = "nesterov_update"
 
     def __init__(self, eta=0.001, rho=0.9):
-        self.eta, self.rho = _eta(eta, "Nesterov"), float(rho)
+        self.eta, self.rho = _eta(eta, "Nesterov"), _fraction(rho, "Nesterov", "rho (the momentum)")
 
     def init(self, x):
         return zeros_like(x)
@@ -207,7 +257,8 @@ class RMSProp(Rule):
         if centred or centered:
             raise NotImplementedError("RMSProp(centred=True) is not implemented in triflux; "
                                       "use the plain RMSProp or Adam")
-        self.eta, self.rho, self.epsilon = _eta(eta, "RMSProp"), float(rho), float(epsilon)
+        self.eta, self.rho = _eta(eta, "RMSProp"), _fraction(rho, "RMSProp", "rho")
+        self.epsilon = _epsilon(epsilon, "RMSProp")
 
     def __repr__(self):
         return f"RMSProp({self.eta!r}, {self.rho!r}, {self.epsilon!r}; centred = false)"
@@ -229,7 +280,7 @@ class Adam(Rule):
     _primitive = "adam_update"
 
     def __init__(self, eta=0.001, beta=(0.9, 0.999), epsilon=1e-8):
-        self.eta, self.beta, self.epsilon = _eta(eta, "Adam"), _beta(beta, "Adam"), float(epsilon)
+        self.eta, self.beta, self.epsilon = _eta(eta, "Adam"), _beta(beta, "Adam"), _epsilon(epsilon, "Adam")
 
     def init(self, x):
         return (zeros_like(x), zeros_like(x), 0)
@@ -256,7 +307,8 @@ class AdamW(Rule):
         if lambda_ is not None:
             lambd = lambda_
         self.eta, self.beta = _eta(eta, "AdamW"), _beta(beta, "AdamW")
-        self.lambd, self.epsilon, self.couple = float(lambd), float(epsilon), bool(couple)
+        self.lambd = _decay(lambd, "AdamW", "lambd (the weight decay)")
+        self.epsilon, self.couple = _epsilon(epsilon, "AdamW"), _flag(couple, "AdamW", "couple")
 
     def init(self, x):
         return (zeros_like(x), zeros_like(x), 0)
@@ -296,13 +348,23 @@ def rule_from_dict(d):
     cls = RULES.get(name)
     if cls is None:
         raise StructureError(f"unknown optimisation rule {name!r}; known: {sorted(RULES)}")
-    hp = dict(hp)
-    if "beta" in hp:
-        hp["beta"] = tuple(float(b) for b in np.asarray(hp["beta"]).reshape(-1))
+    hp = _saved_hyperparameters(cls, hp)
     for k, v in list(hp.items()):
-        if isinstance(v, np.ndarray):
-            hp[k] = v.item()
-    return cls(**hp)
+        if isinstance(v, np.ndarray):   # a file's arrays: beta as a pair, the rest as numbers
+            hp[k] = tuple(v.reshape(-1).tolist()) if k == "beta" else v.item() if v.size == 1 else v
+    return cls(**hp)   # the constructor checks every value
+
+
+def _saved_hyperparameters(cls, hp):
+    """A copy of the saved hyperparameters ``hp`` of a ``cls`` rule, checked to be ones it has."""
+    name = cls.__name__
+    if not isinstance(hp, dict):
+        raise StructureError(f"not a saved {name} rule: its hyperparameters are {hp!r}, not a dict")
+    unknown = set(hp) - set(cls._fields)
+    if unknown:
+        raise StructureError(f"a saved {name} rule with unknown hyperparameter(s) {sorted(map(str, unknown))}; "
+                             f"{name} has {list(cls._fields)}")
+    return dict(hp)
 
 
 def rule_to_dict(rule):
@@ -376,18 +438,19 @@ class MixedPrecision(Rule):
                 raise TypeError(f"MixedPrecision: dtype must be float16 or bfloat16 (or float32, or None to keep "
                                 f"the model's), got {dtype}")
         if loss_scale is not None and loss_scale != "dynamic":
-            if isinstance(loss_scale, str) or not (float(loss_scale) > 0 and math.isfinite(float(loss_scale))):
-                raise ValueError(f"MixedPrecision: loss_scale must be 'dynamic', a positive number or None, "
-                                 f"got {loss_scale!r}")
-            loss_scale = float(loss_scale)
+            if isinstance(loss_scale, str):
+                raise ArgumentError(f"MixedPrecision: loss_scale must be 'dynamic', a positive number or None, "
+                                    f"got {loss_scale!r}")
+            loss_scale = _in_range(loss_scale, "MixedPrecision", "loss_scale", _positive, "finite and > 0")
         self.rule, self.dtype, self.loss_scale = rule, dtype, loss_scale
-        self.init_scale = float(init_scale)
-        self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
-        self.growth_interval = int(growth_interval)
-        if not (self.init_scale > 0 and self.growth_factor >= 1 and 0 < self.backoff_factor <= 1
-                and self.growth_interval >= 1):
-            raise ValueError("MixedPrecision: need init_scale > 0, growth_factor >= 1, 0 < backoff_factor <= 1 "
-                             "and growth_interval >= 1")
+        self.init_scale = _in_range(init_scale, "MixedPrecision", "init_scale", _positive, "finite and > 0")
+        self.growth_factor = _in_range(growth_factor, "MixedPrecision", "growth_factor",
+                                       lambda v: 1 <= v < math.inf, "finite and >= 1")
+        self.backoff_factor = _in_range(backoff_factor, "MixedPrecision", "backoff_factor", lambda v: 0 < v <= 1,
+                                        "in (0, 1]")
+        interval = _in_range(growth_interval, "MixedPrecision", "growth_interval",
+                             lambda v: v >= 1 and v.is_integer(), "a whole number >= 1")
+        self.growth_interval = int(interval)
 
     def __repr__(self):
         d = "nothing" if self.dtype is None else self.dtype.name
@@ -403,9 +466,8 @@ class MixedPrecision(Rule):
 
     @classmethod
     def _from_dict(cls, hp):
-        if not isinstance(hp, dict):
-            raise StructureError(f"not a saved MixedPrecision rule: {hp!r}")
-        hp = {k: (v.item() if isinstance(v, np.ndarray) else v) for k, v in hp.items()}
+        hp = _saved_hyperparameters(cls, hp)
+        hp = {k: (v.item() if isinstance(v, np.ndarray) and v.size == 1 else v) for k, v in hp.items()}
         if "rule" not in hp:
             raise StructureError(f"a saved MixedPrecision rule without its inner rule: {hp!r}")
         hp["rule"] = rule_from_dict(hp["rule"])
@@ -426,8 +488,9 @@ class MixedPrecision(Rule):
         to its dtype."""
         masters = [master for master, _ in states]
         inner = self.rule.step_all(masters, gs, [inner for _, inner in states])
-        for x, master in zip(xs, masters):
-            x._data = _copy_as(master, x.dtype)._data
+        rounded = [_copy_as(master, x.dtype) for x, master in zip(xs, masters)]   # every copy, then the model
+        for x, r in zip(xs, rounded):
+            x._data = r._data
         return list(zip(masters, inner))
 
 
@@ -525,15 +588,16 @@ def _update_mixed(opt_state, model, grad):
         key = g._device
         checks[key] = z if key not in checks else ops.add(checks[key], z)
     finite = all(math.isfinite(float(z.item())) for z in checks.values())
+    some = next(iter(rules.values()), None)
+    if finite:
+        _step_together([(leaf, x, g) for (leaf, x, _), g in zip(plan, grads)])
     opt_state._scaled = False
     opt_state.last_step_skipped = not finite
-    some = next(iter(rules.values()), None)
     if not finite:
         if sc["dynamic"] and some is not None:
             sc["scale"] = scale * some.backoff_factor
             sc["growth_tracker"] = 0
         return opt_state, model
-    _step_together([(leaf, x, g) for (leaf, x, _), g in zip(plan, grads)])
     if sc["dynamic"] and some is not None:
         sc["growth_tracker"] = int(sc["growth_tracker"]) + 1
         if sc["growth_tracker"] >= some.growth_interval:
@@ -602,6 +666,35 @@ def _trainable(x):
     return isinstance(x, Tensor) and _dt.is_floating(x.dtype)
 
 
+def _mirror_trainables(x, at):
+    """``x``'s structure with ``at(t)`` at every trainable Tensor ``t`` and
+    None at everything else (a layer's ``_nontrainable`` children, integer
+    buffers, functions); a dict for a layer, a list for a list or tuple."""
+    if isinstance(x, Tensor):
+        return at(x) if _trainable(x) else None
+    if is_layer(x):
+        skip = type(x)._nontrainable
+        return {name: (None if name in skip else _mirror_trainables(v, at)) for name, v in children(x).items()}
+    if isinstance(x, (list, tuple)):
+        return [_mirror_trainables(v, at) for v in x]
+    if isinstance(x, dict):
+        return {k: _mirror_trainables(v, at) for k, v in x.items()}
+    return None
+
+
+def trainables(model):
+    """The trainable parameters of ``model`` (Flux's and Optimisers.jl's
+    ``trainables``): a list of its floating-point Tensors, depth first in
+    definition order, each once (a tied parameter once), without the state a
+    layer does not train (its ``_nontrainable`` children: BatchNorm's running
+    statistics). These are the Tensors ``setup`` gives optimiser state::
+
+        n = sum(p.size for p in trainables(model))   # the number of parameters"""
+    found = {}
+    _mirror_trainables(model, lambda t: found.setdefault(id(t), t))
+    return list(found.values())
+
+
 def setup(rule, model):
     """The optimiser state tree for training ``model`` with ``rule``
     (Optimisers.setup): the model's shape, a :class:`Leaf` at every trainable
@@ -616,22 +709,14 @@ def setup(rule, model):
                         f"(use one of {', '.join(RULES)}, e.g. `setup(Adam(1e-3), model)`)")
     memo = {}
 
+    def leaf(x):
+        found = memo.get(id(x))
+        if found is None:
+            found = memo[id(x)] = Leaf(rule, rule.init(x))
+        return found
+
     def walk(x):
-        if isinstance(x, Tensor):
-            if not _trainable(x):
-                return None
-            leaf = memo.get(id(x))
-            if leaf is None:
-                leaf = memo[id(x)] = Leaf(rule, rule.init(x))
-            return leaf
-        if is_layer(x):
-            skip = type(x)._nontrainable
-            return {name: (None if name in skip else walk(v)) for name, v in children(x).items()}
-        if isinstance(x, (list, tuple)):
-            return [walk(v) for v in x]
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items()}
-        return None
+        return _mirror_trainables(x, leaf)
 
     if isinstance(rule, MixedPrecision):
         return _setup_mixed(rule, model, walk)
@@ -649,12 +734,19 @@ def update(opt_state, model, grad):
     for it); ``None`` anywhere means "no gradient, skip". Returns
     ``(opt_state, model)``.
 
-    Everything is checked before anything changes: a gradient on another
-    device than its parameter raises ``DeviceMismatchError``, a gradient of
-    another shape or a tree that does not fit the model ``StructureError``,
-    each naming the field (``layers[1].weight``). A ``MixedPrecision``
-    state unscales the gradients into float32 and skips the whole step when
-    any of them is Inf or NaN (see :class:`MixedPrecision`)."""
+    Everything is checked, and every gradient converted, before anything
+    changes, so an update that raises leaves the model and ``opt_state`` as
+    they were: a gradient on another device than its parameter raises
+    ``DeviceMismatchError``, a gradient of another shape or a tree that does
+    not fit the model ``StructureError``, each naming the field
+    (``layers[1].weight``). The step itself is one launch per rule, device
+    and dtype (for a model of one dtype on one device, a single one).
+
+    A NaN or Inf in a gradient is applied, as Optimisers.jl does (the
+    parameter becomes NaN): ``train`` stops on a non-finite loss before it
+    updates, and a ``MixedPrecision`` state unscales the gradients into
+    float32 and skips the whole step when any of them is Inf or NaN (see
+    :class:`MixedPrecision`)."""
     if isinstance(opt_state, Rule):
         raise TypeError("update(opt_state, model, grad) needs the state tree from `setup(rule, model)`, "
                         f"not the rule {opt_state!r}")
@@ -710,7 +802,7 @@ def _collect(opt_state, model, grad):
                 raise DeviceMismatchError(
                     f"update: the gradient for `{_show(path)}` is on {g._device!r} but the parameter is on "
                     f"{x._device!r}. Compute the gradient with the model and data on one device "
-                    f"(`gpu(x)` / `{x._device!r}(x)`).")
+                    f"(`{move_code(x._device)}`).")
             if g.shape != x.shape:
                 raise StructureError(
                     f"update: the gradient for `{_show(path)}` has shape {g.shape} but the parameter "
@@ -720,7 +812,7 @@ def _collect(opt_state, model, grad):
                     raise DeviceMismatchError(
                         f"update: the optimiser state for `{_show(path)}` is on {a._device!r} but the "
                         f"parameter is on {x._device!r} (the model was moved after `setup`). Move the "
-                        f"state too (`{x._device!r}(opt_state)`, `gpu(opt_state)`) or call "
+                        f"state too (`{move_code(x._device, 'opt_state')}`) or call "
                         "`setup(rule, model)` again.")
                 if a.shape != x.shape:
                     raise StructureError(
@@ -807,29 +899,34 @@ def adjust(opt_state, eta=None, **hyperparameters):
     """Change hyperparameters of every rule in ``opt_state`` in place
     (Optimisers.adjust!): ``adjust(opt_state, 1e-4)`` sets the learning rate,
     ``adjust(opt_state, rho=0.95)`` another field (rules lacking it keep
-    theirs; a name no rule has raises). Returns ``opt_state``."""
+    theirs; a name no rule has raises). Every value is checked as the rule's
+    constructor checks it, and an invalid one (``adjust(opt_state,
+    beta=(2, 2))``) raises before any rule changes. Returns ``opt_state``."""
     if eta is not None:
         hyperparameters["eta"] = eta
     if not hyperparameters:
         return opt_state
     used = set()
     seen = set()
+    changes = []      # (leaf, new rule): every new rule is made (and checked) before any leaf changes
+    replaced = {}     # id(rule) -> its replacement, so leaves sharing a rule keep sharing one
+
+    def adjusted(rule):
+        if id(rule) not in replaced:
+            if isinstance(rule, MixedPrecision):  # the inner rule's hyperparameters
+                inner = adjusted(rule.rule)
+                replaced[id(rule)] = rule if inner is rule.rule else rule.replace(rule=inner)
+            else:
+                kw = {k: v for k, v in hyperparameters.items() if k in rule._fields}
+                used.update(kw)
+                replaced[id(rule)] = rule.replace(**kw) if kw else rule
+        return replaced[id(rule)]
 
     def walk(s):
         if isinstance(s, Leaf):
-            if id(s) in seen:
-                return
-            seen.add(id(s))
-            if isinstance(s.rule, MixedPrecision):  # the inner rule's hyperparameters
-                kw = {k: v for k, v in hyperparameters.items() if k in s.rule.rule._fields}
-                used.update(kw)
-                if kw:
-                    s.rule = s.rule.replace(rule=s.rule.rule.replace(**kw))
-                return
-            kw = {k: v for k, v in hyperparameters.items() if k in s.rule._fields}
-            used.update(kw)
-            if kw:
-                s.rule = s.rule.replace(**kw)
+            if id(s) not in seen:
+                seen.add(id(s))
+                changes.append((s, adjusted(s.rule)))
         elif isinstance(s, dict):
             for v in s.values():
                 walk(v)
@@ -841,10 +938,22 @@ def adjust(opt_state, eta=None, **hyperparameters):
     unused = set(hyperparameters) - used
     if unused and seen:
         raise TypeError(f"adjust: no rule in this optimiser state has hyperparameter(s) {sorted(unused)}")
+    for leaf, rule in changes:
+        leaf.rule = rule
     return opt_state
 
 
 # --- the training loop ----------------------------------------------------------------------------
+
+def _learns_nothing(model, batch):
+    """The message for a loss with no gradient for any trainable parameter of ``model``."""
+    if not trainables(model):
+        return (f"train: the model has no trainable parameters (floating-point Tensors outside a layer's "
+                f"non-trainable state), so there is nothing to train; got a {type(model).__name__}")
+    return (f"train: the loss on batch {batch} (0-based) does not depend on any trainable parameter of the model: "
+            f"every gradient is None, so training would learn nothing (the model was not updated). "
+            + LEFT_THE_TAPE)
+
 
 def train(loss, model, data, opt_state, *, progress=False):
     """One epoch (Flux's ``train!``): for each ``batch`` in ``data``, compute
@@ -855,8 +964,13 @@ def train(loss, model, data, opt_state, *, progress=False):
     is differentiated (and the unscaled value reported); a step whose
     gradients overflow is skipped by ``update``.
 
-    A NaN or Inf loss stops training with ``NonFiniteError`` naming the batch
-    before that batch updates anything, as Flux does. ``progress=True``
+    Each step is all or nothing: a step that raises leaves the model (its
+    running statistics included) and ``opt_state`` exactly as they were. A
+    NaN or Inf loss stops training with ``NonFiniteError`` naming the batch
+    before that batch updates anything, as Flux does; a loss that does not
+    depend on any trainable parameter (every gradient None: it went through
+    ``.numpy()`` or ``float(...)``, say) stops it with ``GradientError``.
+    ``progress=True``
     shows a tqdm bar when tqdm is installed. Returns the list of losses (as
     Python floats), one per batch."""
     if isinstance(opt_state, Rule):
@@ -875,19 +989,23 @@ def train(loss, model, data, opt_state, *, progress=False):
     mixed = isinstance(opt_state, MixedPrecisionState)
     for i, batch in enumerate(it):
         args = tuple(batch) if isinstance(batch, tuple) else (batch,)
-        if mixed:  # differentiate the scaled loss; report the loss itself
-            scale = opt_state.loss_scale
-            value, grads = withgradient(lambda m, *a: opt_state.scale(loss(m, *a)), model, *args)
-            v = float(value.item()) / scale
-        else:
-            value, grads = withgradient(loss, model, *args)
-            v = float(value.item())
-        if not math.isfinite(v):
-            raise NonFiniteError(
-                f"train: the loss is {v} on batch {i} (0-based), stopping training; the model was not "
-                "updated with this batch. Check the data for NaN/Inf, lower the learning rate, or use a "
-                "stabler loss (e.g. logitcrossentropy on logits instead of crossentropy on softmax).")
-        update(opt_state, model, grads[0])
+        with all_or_nothing():   # a step that raises leaves the running statistics too as they were
+            if mixed:  # differentiate the scaled loss; report the loss itself
+                scale = opt_state.loss_scale
+                value, grads, _ = differentiate(lambda m, *a: opt_state.scale(loss(m, *a)), (model,) + args,
+                                                "train")
+                v = float(value.item()) / scale
+            else:
+                value, grads, _ = differentiate(loss, (model,) + args, "train")
+                v = float(value.item())
+            if not math.isfinite(v):
+                raise NonFiniteError(
+                    f"train: the loss is {v} on batch {i} (0-based), stopping training; the model was not "
+                    "updated with this batch. Check the data for NaN/Inf, lower the learning rate, or use a "
+                    "stabler loss (e.g. logitcrossentropy on logits instead of crossentropy on softmax).")
+            if not holds_arrays(grads[0]):
+                raise GradientError(_learns_nothing(model, i))
+            update(opt_state, model, grads[0])
         losses.append(v)
         if progress and hasattr(it, "set_postfix"):
             it.set_postfix(loss=f"{v:.4g}")
