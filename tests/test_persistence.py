@@ -292,3 +292,14 @@ def test_failed_optimiser_load_changes_nothing():
         for p in path:
             a, b = a[p], b[p]
         assert a["rule"] == b["rule"] and a["state"][2] == b["state"][2] == 1   # rules and step counts too
+
+
+def test_a_saved_rule_is_rebuilt_through_its_checks(tmp_path):
+    """A file whose rule has beta1 = 1 (every later step would divide by zero) is refused."""
+    m = _mlp()
+    saved = state(setup(Adam(0.01), m))
+    saved["layers"][0]["weight"]["rule"] = {"Adam": {"eta": 0.01, "beta": [1.0, 0.999], "epsilon": 1e-8}}
+    opt = setup(Adam(0.02), m)
+    msg = _err(opt, tf.load(tf.save(tmp_path / "opt.safetensors", saved)))
+    assert "`layers[0].weight.rule`: Adam: beta[0]" in msg and "must be in [0, 1), got 1.0" in msg
+    assert opt["layers"][0]["weight"].rule == Adam(0.02)

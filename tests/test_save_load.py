@@ -4,7 +4,12 @@ errors that name the file and the problem."""
 import json
 import os
 import pickle
+import re
+import signal
+import socket
+import stat
 import zipfile
+from contextlib import contextmanager
 
 import ml_dtypes
 import numpy as np
@@ -172,7 +177,8 @@ def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device (simulated)")
 
     monkeypatch.setattr(serialization, "_write", half_then_crash)
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(CheckpointError, match=re.escape(f"save: cannot write {p}: No space left on device "
+                                                        "(simulated). Nothing was written")):
         tf.save(p, {"w": np.arange(1000.0)})
     assert p.read_bytes() == good and os.listdir(tmp_path) == ["model.safetensors"]
     monkeypatch.undo()
@@ -181,7 +187,7 @@ def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
         raise OSError(5, "I/O error (simulated)")
 
     monkeypatch.setattr(serialization.os, "fsync", fsync_fails)
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(CheckpointError, match=r"I/O error \(simulated\)"):
         tf.save(p, {"w": np.arange(1000.0)})
     monkeypatch.undo()
     assert p.read_bytes() == good and os.listdir(tmp_path) == ["model.safetensors"]
@@ -304,5 +310,177 @@ def test_structure_inconsistent_with_the_tensors(tmp_path):
     assert "not JSON" in _load_error(_forged(p, a, "{oops"))
     msg = _load_error(_forged(p, a, {"array": "a"}, version="2"))
     assert "newer triflux" in msg and "version 2" in msg
-    # the forged file with a consistent structure loads
+    # the forged file with a consistent structure loads (it records no checksums: as a file from an older
+    # triflux, it is not checked)
     _assert_same(tf.load(_forged(p, a, {"tuple": [{"array": "a"}]})), (a["a"],))
+
+
+# --- integrity ----------------------------------------------------------------------------------
+
+def _header(data):
+    n = int.from_bytes(data[:8], "little")
+    return n, json.loads(data[8:8 + n])
+
+
+def test_a_changed_byte_is_refused_naming_the_array(tmp_path):
+    p = tmp_path / "m.safetensors"
+    tf.save(p, {"model": _mlp(), "epoch": 3})
+    good = p.read_bytes()
+    n, header = _header(good)
+    start, end = header["model.layers[2].weight"]["data_offsets"]
+    flipped = bytearray(good)
+    flipped[8 + n + start + (end - start) // 2] ^= 0x10          # one bit of one float
+    p.write_bytes(bytes(flipped))
+    want = (f"load: {p}: the data of the array `model.layers[2].weight` does not match its checksum: the file's "
+            "bytes changed after it was written (a disk, memory or copy error, or an edit); use a good copy")
+    assert _load_error(p) == want
+    assert _load_error(p, flat=True) == want
+    # the structure is checked too: "epoch": 3 -> 7 keeps the header valid JSON
+    changed = good.replace(b'[\\"epoch\\", 3]', b'[\\"epoch\\", 7]')
+    assert changed != good
+    p.write_bytes(changed)
+    assert _load_error(p) == (f"load: {p}: the file's metadata (its structure and layers) does not match its "
+                              "checksum: the file changed after it was written (a disk, memory or copy error, or "
+                              "an edit); use a good copy")
+
+
+# --- paths and files at the edges -------------------------------------------------------------------
+
+def test_paths_that_are_not_file_names(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    m = _mlp()
+    for bad in (None, 123, b"model.safetensors"):
+        with pytest.raises(TypeError, match=re.escape(
+                "save: the path must be a str or a pathlib.Path naming a file (e.g. 'model.safetensors'), got "
+                f"{type(bad).__name__} {bad!r}")):
+            tf.save(bad, m)
+        with pytest.raises(TypeError, match=re.escape(f"load: the path must be a str or a pathlib.Path naming a "
+                                                      f"file (e.g. 'model.safetensors'), got {type(bad).__name__}")):
+            tf.load(bad)
+    with pytest.raises(TypeError, match=re.escape("(e.g. 'model.safetensors'), got Chain; the path comes first: "
+                                                  "save(path, obj)")):
+        tf.save(m, "model.safetensors")
+    for call in (tf.save, tf.save_model):
+        with pytest.raises(CheckpointError, match=re.escape(f"{call.__name__}: the path is empty (''); give a file "
+                                                            "name such as 'model.safetensors'")):
+            call("", m)
+    with pytest.raises(CheckpointError, match=re.escape("load: the path is empty ('')")):
+        tf.load("")
+    assert os.listdir(tmp_path) == [] and not any(n.endswith(".tmp") for n in os.listdir(tmp_path.parent))
+
+
+def test_a_read_only_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    p = folder / "m.safetensors"
+    tf.save(p, {"w": np.arange(3.0)})
+    good = p.read_bytes()
+    folder.chmod(0o555)
+    try:
+        if os.geteuid() == 0:     # root writes anyway: fail as the kernel does for everyone else
+            def denied(*args, **kwargs):
+                raise PermissionError(13, "Permission denied")
+            monkeypatch.setattr(serialization.tempfile, "mkstemp", denied)
+        with pytest.raises(CheckpointError, match=re.escape(
+                f"save: cannot write {p}: cannot create a file in the folder {folder} (Permission denied); save to "
+                "a folder you can write to. Nothing was written.")):
+            tf.save(p, {"w": np.arange(5.0)})
+    finally:
+        folder.chmod(0o755)
+    assert p.read_bytes() == good and os.listdir(folder) == ["m.safetensors"]
+
+
+def test_saving_through_a_symbolic_link_writes_its_target(tmp_path):
+    target = tmp_path / "runs" / "best.safetensors"
+    target.parent.mkdir()
+    tf.save(target, {"epoch": 1})
+    link = tmp_path / "latest.safetensors"
+    link.symlink_to(target)
+    tf.save(link, {"epoch": 2})
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert tf.load(target) == {"epoch": 2} and tf.load(link) == {"epoch": 2}
+    assert sorted(os.listdir(target.parent)) == ["best.safetensors"]
+    dangling = tmp_path / "new.safetensors"
+    dangling.symlink_to(tmp_path / "runs" / "made.safetensors")
+    tf.save(dangling, {"epoch": 3})
+    assert dangling.is_symlink() and tf.load(tmp_path / "runs" / "made.safetensors") == {"epoch": 3}
+
+
+@contextmanager
+def _within(seconds):
+    """Fail instead of hanging."""
+    def hang(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_load_reads_regular_files_only(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with _within(10):
+        assert _load_error(fifo) == (f"load: {fifo}: is a FIFO (named pipe), not a regular file; load reads "
+                                     "checkpoint files only")
+        for dev in ("/dev/zero", "/dev/urandom"):
+            assert _load_error(dev) == f"load: {dev}: is a character device, not a regular file; load reads " \
+                                       "checkpoint files only"
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(tmp_path / "sock"))
+        assert _load_error(tmp_path / "sock") == (f"load: {tmp_path / 'sock'}: is a socket, not a regular file; "
+                                                  "load reads checkpoint files only")
+    finally:
+        sock.close()
+    # a header size larger than the file is refused before anything else is read
+    big = tmp_path / "big.safetensors"
+    big.write_bytes((2**40).to_bytes(8, "little") + b'{"a": 1}')
+    assert _load_error(big) == (f"load: {big}: the file is truncated: its header says {2**40} header bytes but "
+                                "the file has only 16 bytes")
+    assert stat.S_ISREG(os.stat(big).st_mode)
+
+
+def test_nesting_too_deep_to_read_or_write(tmp_path):
+    deep = tmp_path / "deep.safetensors"
+    header = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    deep.write_bytes(len(header).to_bytes(8, "little") + header)
+    assert _load_error(deep) == (f"load: {deep}: the header is nested too deeply to read (the file is corrupt, "
+                                 "or made to crash readers)")
+    p = tmp_path / "f.safetensors"
+    a = {"a": np.ones(2, np.float32)}
+    assert "the structure is nested too deeply to read" in _load_error(_forged(p, a, "[" * 100_000 + "]" * 100_000))
+    node = {"array": "a"}
+    for _ in range(150):
+        node = {"list": [node]}
+    assert _load_error(_forged(p, a, node)) == (
+        f"load: {p}: the structure is nested more than 100 levels deep at `{'[0]' * 101}` (the file is corrupt, or "
+        "made to crash readers)")
+    nested = []
+    for _ in range(150):
+        nested = [nested]
+    with pytest.raises(CheckpointError, match=r"save: `(\[0\]){100}` is nested more than 100 levels deep; a "
+                                              r"triflux file holds at most 100 levels of dicts, lists and tuples"):
+        tf.save(p, nested)
+
+
+def test_a_structure_that_contains_itself(tmp_path):
+    p = tmp_path / "loop.safetensors"
+    loop = {"w": np.ones(2), "more": []}
+    loop["more"].append(loop)
+    with pytest.raises(CheckpointError, match=re.escape(
+            "save: `more[0]` is the dict at the top level again: the structure contains itself, and a triflux "
+            "file holds trees")):
+        tf.save(p, loop)
+    chain = tf.Chain(tf.Dense(2, 2))
+    chain.layers.append(chain)
+    want = ("the structure contains itself: `layers[1]` is the Chain at the top level again (a model or a state "
+            "must be a tree)")
+    with pytest.raises(CheckpointError, match=re.escape("save: `model`: " + want)):
+        tf.save(p, {"model": chain})
+    with pytest.raises(tf.StructureError, match=re.escape(want)):
+        state(chain)
+    assert not p.exists()

@@ -17,10 +17,10 @@ from .version import __version__  # noqa: E402
 from . import dtypes  # noqa: E402
 from .errors import (TrifluxError, DeviceMismatchError, NoGPUError, BackendNotSupportedError,  # noqa: E402
                      DTypeError, ShapeError, OutOfMemoryError, NonFiniteError, StructureError,
-                     GradientError, CheckpointError, InteropError, DistributedError)
+                     GradientError, CheckpointError, InteropError, DistributedError, ArgumentError)
 from .dtypes import float16, float32, float64, int32, int64, bool_  # noqa: E402
 from .devices import (CPUDevice, CUDADevice, AMDGPUDevice, MetalDevice, Device,  # noqa: E402
-                      gpu_device, cpu_device, supported_devices, functional, reclaim)
+                      gpu_device, cpu_device, supported_devices, functional, devices, reclaim)
 from .preferences import gpu_backend, gpu_backend_preference as _pref  # noqa: E402
 from .tensor import Tensor, tensor  # noqa: E402
 from .constructors import zeros, ones, rand, randn, full, seed, zeros_like, ones_like  # noqa: E402
@@ -31,7 +31,7 @@ from .ops import (matmul, concat, cat, reshape, transpose, where, maximum, minim
 from .moving import gpu, cpu, get_device  # noqa: E402
 from .activations import (identity, relu, sigmoid, σ, tanh, softmax, logsoftmax, logsumexp,  # noqa: E402
                           leakyrelu, elu, gelu, gelu_erf, swish, softplus)
-from .autodiff import gradient, withgradient  # noqa: E402
+from .autodiff import gradient, withgradient, ignore_derivatives  # noqa: E402
 from .layers import *  # noqa: E402,F401,F403  (every layer: triflux.layers.__all__)
 from .data import DataLoader  # noqa: E402
 from .memory import memory_status, MemoryStatus  # noqa: E402
@@ -40,10 +40,11 @@ from .matmul_precision import set_matmul_precision, get_matmul_precision  # noqa
 from .modes import trainmode, testmode  # noqa: E402
 from . import losses, optimise, persistence  # noqa: E402
 from .losses import onehotbatch, onecold  # noqa: E402
-from .optimise import (setup, update, train, adjust, Descent, Momentum, Nesterov, Adam, AdamW, RMSProp,  # noqa: E402
-                       MixedPrecision)
+from .optimise import (setup, update, train, adjust, trainables, Descent, Momentum, Nesterov, Adam,  # noqa: E402
+                       AdamW, RMSProp, MixedPrecision)
 from .persistence import state, loadmodel  # noqa: E402
-from .serialization import save, load  # noqa: E402
+from .serialization import save, load, save_model, load_model  # noqa: E402
+from .model_file import register_layer  # noqa: E402
 from .interop import from_torch, to_torch, from_dlpack, to_dlpack  # noqa: E402
 
 GPU_BACKEND = _pref()

@@ -6,7 +6,10 @@ keyed by child name for a layer, a list for a list (``Chain``'s
 ``layers``), a NumPy copy for each Tensor (bfloat16 stays bfloat16 via
 ``ml_dtypes``), ``None`` where the model holds no arrays (an activation
 function inside a ``Chain``). It is what a GPU model should be saved as: it
-loads on a machine without a GPU, into a model on any device.
+loads on a machine without a GPU, into a model on any device. Each layer's
+dict is a ``LayerState`` that also records the layer's configuration as
+plain data (its type, constructor arguments, activations by name: see
+:mod:`triflux.model_file`).
 
 ``state`` also takes optimiser state trees (``setup``): each ``Leaf``
 becomes ``{"rule": {"Adam": {"eta": ..., "beta": [...], "epsilon": ...}},
@@ -16,8 +19,10 @@ exactly.
 
 ``loadmodel(model, state)`` copies the state into the model's existing
 Tensors (each keeps its identity and device, so an optimiser state set up
-for the model stays valid). It checks everything (structure, shapes, dtypes)
-before writing anything: a failed load leaves the model as it was.
+for the model stays valid). It checks everything (structure, shapes, dtypes,
+and each layer's configuration where the state records it: a different
+activation, stride or padding is named) before writing anything: a failed
+load leaves the model as it was.
 
 ``save(path, x)`` / ``load(path)`` (from :mod:`triflux.serialization`) write
 and read such states as safetensors files, atomically and without ever
@@ -28,6 +33,7 @@ import numpy as np
 
 from .errors import StructureError
 from .functor import children, holds_arrays, is_layer, path_join
+from .model_file import LayerState, describe, difference
 from .optimise import Leaf, MixedPrecision, MixedPrecisionState, Rule, rule_from_dict, rule_to_dict
 from .tensor import Tensor, transfer
 
@@ -37,7 +43,18 @@ __all__ = ["state", "loadmodel"]
 def state(x):
     """``x`` (a tensor, layer, model, list/tuple/dict of them, or an
     optimiser state tree) as nested dicts and lists of NumPy arrays and
-    numbers, holding copies (never views of the model's memory)."""
+    numbers, holding copies (never views of the model's memory). A layer's
+    state is a :class:`~triflux.model_file.LayerState`, a dict that also
+    records the layer's configuration (``.spec``), which ``save`` writes
+    and ``loadmodel`` checks. A structure that contains itself raises
+    ``StructureError``."""
+    return _state(x, "", {})
+
+
+def _state(x, path, enclosing):
+    """``state(x)`` for ``x`` at ``path``; ``enclosing``: {id: path} of the
+    layers and containers ``x`` is inside (to refuse a structure that
+    contains itself)."""
     if isinstance(x, Tensor):
         return x.numpy()
     if isinstance(x, np.ndarray):
@@ -45,18 +62,24 @@ def state(x):
     if isinstance(x, np.generic):
         return x.item()
     if isinstance(x, Leaf):
-        return {"rule": rule_to_dict(x.rule), "state": state(x.state)}
-    if is_layer(x):
-        return {name: state(v) for name, v in children(x).items()}
-    if isinstance(x, (list, tuple)):
-        return [state(v) for v in x]
-    if isinstance(x, dict):
-        return {k: state(v) for k, v in x.items()}
-    if x is None or isinstance(x, (bool, int, float)):
-        return x
+        return {"rule": rule_to_dict(x.rule), "state": _state(x.state, path_join(path, "state"), enclosing)}
     if isinstance(x, Rule):
         return rule_to_dict(x)
-    return None  # functions and other objects that hold no arrays (Flux: ())
+    if not (is_layer(x) or isinstance(x, (list, tuple, dict))):
+        return x if x is None or isinstance(x, (bool, int, float)) else None  # functions hold no arrays (Flux: ())
+    if id(x) in enclosing:
+        raise StructureError(f"the structure contains itself: {_show(path)} is the {type(x).__name__} at "
+                             f"{_show(enclosing[id(x)])} again (a model or a state must be a tree)")
+    enclosing[id(x)] = path
+    try:
+        if is_layer(x):
+            return LayerState(((name, _state(v, path_join(path, name), enclosing)) for name, v in children(x).items()),
+                              spec=describe(x))
+        if isinstance(x, dict):
+            return {k: _state(v, path_join(path, k), enclosing) for k, v in x.items()}
+        return [_state(v, path_join(path, i), enclosing) for i, v in enumerate(x)]
+    finally:
+        del enclosing[id(x)]
 
 
 # --- loadmodel -----------------------------------------------------------------------------------
@@ -107,16 +130,23 @@ def _check_tensor(plan, dst, src, path):
     plan.writes.append((dst, arr))
 
 
+def _is_torch_tensor(x):
+    return any(c.__name__ == "Tensor" and c.__module__ == "torch" for c in type(x).__mro__)
+
+
 def _what(src):
     if src is None:
         return "nothing (None)"
+    if _is_torch_tensor(src):
+        return f"a torch.Tensor of shape {tuple(src.shape)}"
     if isinstance(src, np.ndarray):
         return f"an array of shape {src.shape}"
     if isinstance(src, (list, tuple)):
         return f"a {type(src).__name__} of {len(src)}"
     if isinstance(src, dict):
         return f"a dict with keys {sorted(map(str, src))}"
-    return f"a {type(src).__name__}"
+    name = type(src).__name__
+    return f"{'an' if name[0] in 'aeiouAEIOU' else 'a'} {name}"
 
 
 def _check_keys(plan, dst_keys, src, path, kind):
@@ -148,6 +178,11 @@ def _walk(plan, dst, src, path):
     elif isinstance(dst, MixedPrecisionState):
         _walk_mixed(plan, dst, src, path)
     elif is_layer(dst):
+        saved = getattr(src, "spec", None)
+        if saved is not None:
+            differs = difference(describe(dst), saved)
+            if differs:
+                plan.error(f"{_show(path)}: {differs}")
         kids = children(dst)
         if _check_keys(plan, list(kids), src, path, f"a {type(dst).__name__}"):
             for name, v in kids.items():
@@ -285,13 +320,20 @@ def loadmodel(x, state_):
 
     The Tensors of ``x`` keep their identity and device; their values are
     replaced by the state's, moved to that device (a CPU state loads into a
-    GPU model and vice versa). ``x`` may also be an optimiser state tree.
-    Structure (missing or extra fields, list lengths), shapes and dtypes are
-    all checked first; on any mismatch ``StructureError`` names every
-    offending field (``layers[1].weight``) with both shapes or dtypes, and
-    nothing has been written."""
+    GPU model and vice versa). ``x`` may also be an optimiser state tree
+    (its rules are rebuilt through their constructors, which check the
+    saved hyperparameters).
+
+    Structure (missing or extra fields, list lengths), shapes, dtypes and,
+    where the state records them (``state``, ``load``), the layers'
+    configurations (type, activation, stride, padding, ...; not the
+    train/test mode) are all checked first; on any mismatch
+    ``StructureError`` names every offending field (``layers[1].weight``)
+    with both values, and nothing has been written. A state holding
+    torch.Tensors (a torch ``state_dict``) is named as such, with how to
+    convert it."""
     src = state_
-    if is_layer(src) or isinstance(src, Tensor) or _contains_live(src):
+    if _anywhere(src, lambda v: isinstance(v, (Tensor, Leaf)) or is_layer(v)):
         src = state(src)  # another model (or a tree holding Tensors): take a copy of its state
     plan = _Plan()
     _walk(plan, x, src, "")
@@ -300,8 +342,11 @@ def loadmodel(x, state_):
         head = "loadmodel: the state does not fit the model" + (f" ({n} problems)" if n > 1 else "")
         shown = plan.errors[:20]
         more = f"\n  ... and {n - len(shown)} more" if n > len(shown) else ""
-        raise StructureError(head + ":\n  " + "\n  ".join(shown) + more +
-                             "\nNothing was loaded.")
+        torch = ("\nThe state holds torch.Tensors (a torch `state_dict`?): convert them to NumPy first, "
+                 "`{k: v.detach().cpu().numpy() for k, v in state_dict.items()}`, nested as `state(model)` is, "
+                 "or translate the torch module itself with `triflux.from_torch(module)`."
+                 if _anywhere(src, _is_torch_tensor) else "")
+        raise StructureError(head + ":\n  " + "\n  ".join(shown) + more + torch + "\nNothing was loaded.")
     # Everything fits: transfer first (a failure here, e.g. out of memory, still leaves x intact),
     # then assign.
     staged = []
@@ -322,12 +367,15 @@ def loadmodel(x, state_):
     return x
 
 
-def _contains_live(v):
-    """Whether a state-like structure holds Tensors, layers or Leaves (rather than NumPy data)."""
-    if isinstance(v, (Tensor, Leaf)) or is_layer(v):
-        return True
-    if isinstance(v, (list, tuple)):
-        return any(_contains_live(e) for e in v)
-    if isinstance(v, dict):
-        return any(_contains_live(e) for e in v.values())
+def _anywhere(v, found):
+    """Whether ``found(e)`` holds for ``v`` or anything nested in its lists, tuples and dicts
+    (each visited once: a structure that contains itself is fine)."""
+    seen, todo = set(), [v]
+    while todo:
+        e = todo.pop()
+        if found(e):
+            return True
+        if isinstance(e, (list, tuple, dict)) and id(e) not in seen:
+            seen.add(id(e))
+            todo.extend(e.values() if isinstance(e, dict) else e)
     return False
