@@ -7,7 +7,7 @@ Run it with 2 workers on one machine::
 
 (as root, OpenMPI needs ``mpiexec --allow-run-as-root``; with fewer cores
 than workers, ``--oversubscribe``). Across machines, see the README
-section "Running across machines". Every worker builds its own random
+section "Data-parallel training across processes and machines". Every worker builds its own random
 model; ``synchronize`` makes them all equal to rank 0's, each worker trains
 on its shard of the data (``DataLoader(DistributedDataContainer(backend,
 (x, y)))``, as in Flux) and ``DistributedOptimizer`` averages the

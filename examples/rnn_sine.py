@@ -1,5 +1,6 @@
-"""The seed's RNN (shared/seeds/003_*.txt): predict the next value of a sine
-wave, trained with the same code on the CPU and on a GPU.
+"""The RNN of the blog post "Translating PyTorch models to Flux.jl Part2:
+Running on GPU" (2018): predict the next value of a sine wave, trained with
+the same code on the CPU and on a GPU.
 
 The post (Flux 0.5, 2018) writes the recurrence by hand:
 ``context_state = tanh.(cat(input, context_state) * W1)``, ``out = context_state * W2``
@@ -14,17 +15,24 @@ Triton kernel, and the whole sequence is one fused primitive (a few kernel
 launches per sequence instead of a few per time step).
 
     python examples/rnn_sine.py                    # the default device
-    python examples/rnn_sine.py --device cpu --epochs 300 --plot sine.png
+    python examples/rnn_sine.py --device cpu --epochs 300 --out /tmp/sine
+
+It writes its plot, rnn_sine.png, into --out (default examples/output/, which
+git ignores) and prints the path.
 """
 import argparse
+import os
 import time
 
 import numpy as np
 
 import triflux as tf
 from triflux import losses, optimise
+from triflux.demos.cli import device_from_flag
 
 SEQ_LENGTH = 20
+#: where the examples write their files unless told otherwise (ignored by git)
+OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "output")
 
 
 def sine_data():
@@ -84,18 +92,18 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: a functional GPU, else cpu)")
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--plot", default="rnn_sine.png", help="where to write the plot of predictions")
+    p.add_argument("--out", default=OUTPUT, help="folder for the plot of predictions (default examples/output/)")
     args = p.parse_args(argv)
     if args.epochs <= 0:
         p.error("--epochs must be positive")
-    from triflux.tensor import as_device
-    device = tf.get_device() if args.device is None else as_device(args.device)
+    device = device_from_flag(p, args.device)       # a device that can't be used: a one-line error naming --device
     print(f"device: {device!r}")
     model, history, per_epoch = train(device, epochs=args.epochs)
     print(model)
     print(f"loss {history[0]:.4f} -> {history[-1]:.5f} in {args.epochs} epochs, "
           f"{per_epoch * 1e3:.2f} ms per epoch on {device!r}")
-    print(f"plot: {plot(args.plot, predict(model, device))}")
+    os.makedirs(args.out, exist_ok=True)
+    print(f"wrote {plot(os.path.join(args.out, 'rnn_sine.png'), predict(model, device))}")
     return 0
 
 

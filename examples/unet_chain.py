@@ -1,4 +1,5 @@
-"""The seeds' "UNET-like" Chain (shared/seeds/000_*.txt), translated to triflux.
+"""The "UNET-like" Chain of the question "Why am I getting an error while
+using GPU on a UNET with FLUX in Julia?", translated to triflux.
 
 In Flux the post builds
 
@@ -36,6 +37,7 @@ import numpy as np
 
 import triflux as tf
 from triflux import losses, optimise
+from triflux.demos.cli import device_from_flag
 
 
 def build_unet(input_channels, num_classes):
@@ -123,12 +125,11 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--image-size", type=int, default=64, help="a multiple of 4 (two 2x2 poolings)")
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--pitfalls", action="store_true", help="show the seed's errors and what triflux does")
+    p.add_argument("--pitfalls", action="store_true", help="show the post's errors and what triflux does")
     args = p.parse_args(argv)
     if args.image_size <= 0 or args.image_size % 4:
         p.error("--image-size must be a positive multiple of 4")
-    from triflux.tensor import as_device
-    device = tf.get_device() if args.device is None else as_device(args.device)
+    device = device_from_flag(p, args.device)       # a device that can't be used: a one-line error naming --device
     print(f"device: {device!r}")
     if args.pitfalls:
         pitfalls(device)

@@ -1,5 +1,9 @@
-"""`python -m triflux`: the MLP demo end to end on a tiny run, and argument errors."""
+"""`python -m triflux`: the MLP demo end to end on a tiny run, argument errors,
+and the notice of runs on the Triton interpreter."""
+import pytest
+
 from helpers import run_python
+from triflux import backend
 
 
 def run_cli(*args, timeout=300):
@@ -45,3 +49,44 @@ def test_readme_example_runs():
     r = run_python(code + "\nprint('README OK', float(loss) > 0)")
     assert r.returncode == 0, r.stderr
     assert "README OK True" in r.stdout
+
+
+INTERPRETER_RUNS = """
+import sys
+from triflux import benchmarks
+from triflux.__main__ import main
+from triflux.demos import mlp, unet
+
+class Started(Exception):
+    pass
+
+def started(*args, **kwargs):
+    raise Started
+
+unet.make_shapes = mlp.load_digits_split = started     # stop each demo once its run has begun
+benchmarks.QUICK = []                                   # bench prints its table's head, times nothing
+for argv in (["demo", "unet", "--device", "cuda", "--out", {out!r}], ["demo", "mlp", "--device", "cuda"],
+             ["bench", "--device", "cuda"], ["doctor", "--no-selftest"]):
+    print("$", *argv[:2], file=sys.stderr, flush=True)
+    try:
+        main(argv)
+    except Started:
+        pass
+"""
+
+
+@pytest.mark.skipif(not (backend.has_module("torch") and backend.has_module("triton")),
+                    reason="the interpreter needs torch and triton")
+def test_runs_on_the_interpreter_say_once_that_it_is_slow(tmp_path):
+    r = run_python(INTERPRETER_RUNS.format(out=str(tmp_path)), env={"TRITON_INTERPRET": "1"}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    notice = ("note: CUDADevice(0) [Triton interpreter on the CPU] runs every GPU kernel in the Triton interpreter, "
+              "in Python on the CPU: orders of magnitude slower than a GPU, and slower than the CPU device.")
+    runs = dict(part.split("\n", 1) for part in r.stderr.split("$ ")[1:])
+    assert set(runs) == {"demo unet", "demo mlp", "bench --device", "doctor --no-selftest"}, r.stderr
+    for command, err in runs.items():
+        assert err.count(notice) == 1, (command, err)
+    assert "--device cpu runs faster" in runs["demo unet"] and "--device cpu runs faster" in runs["demo mlp"]
+    assert "The triflux timings below are interpreter timings." in runs["bench --device"]
+    assert "| workload | triflux (interpreter timings) | torch |" in r.stdout
+    assert "device: cuda (Triton interpreter on the CPU; torch on the CPU)" in r.stdout

@@ -1,6 +1,10 @@
-"""The examples/ scripts run, learn, and behave the same on every device."""
+"""The examples/ scripts run, learn, behave the same on every device and write
+under their output folder; the README lists them and cites only what exists."""
 import importlib.util
 import os
+import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -70,3 +74,40 @@ def test_rnn_sine_same_code_same_losses_on_every_device(dev):
     _, ref, _ = ex.train(device("cpu"), epochs=3, say=lambda *a: None)
     _, got, _ = ex.train(device(dev), epochs=3, say=lambda *a: None)
     np.testing.assert_allclose(got, ref, rtol=1e-4)
+
+
+def test_rnn_sine_writes_under_its_output_folder_and_says_where(tmp_path, capsys):
+    ex = _load("rnn_sine")
+    assert ex.OUTPUT == os.path.join(ROOT, "examples", "output")
+    if shutil.which("git") and os.path.isdir(os.path.join(ROOT, ".git")):
+        ignored = subprocess.run(["git", "check-ignore", "-q", "examples/output/rnn_sine.png"], cwd=ROOT)
+        assert ignored.returncode == 0, "git does not ignore examples/output/"
+    out = tmp_path / "new" / "folder"
+    assert ex.main(["--device", "cpu", "--epochs", "2", "--out", str(out)]) == 0
+    path = out / "rnn_sine.png"
+    assert f"wrote {path}" in capsys.readouterr().out and path.read_bytes()[:4] == b"\x89PNG"
+
+
+#: paths the README names that a run creates (the environment, the examples' and the demo's output)
+MADE_BY_RUNS = (".venv/", "examples/output/", "runs/")
+
+
+def test_readme_lists_every_example_and_cites_only_what_exists():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    table = text.split("| example | what it shows |", 1)[1].split("\n\n", 1)[0]
+    for name in sorted(os.listdir(os.path.join(ROOT, "examples"))):
+        if name.endswith(".py"):
+            assert f"examples/{name}" in table, f"the README's examples table misses examples/{name}"
+    spans = re.findall(r"(?<!`)`([^`\n]+)`(?!`)", text)
+    paths = {p for s in spans for p in re.findall(r"(?<![\w:/.])\.?[\w.-]+(?:/[\w.*-]*)+", s)}
+    assert "triflux/registry.py" in paths
+    missing = [p for p in paths if not p.startswith(MADE_BY_RUNS) and not os.path.exists(os.path.join(ROOT, p))]
+    assert not missing, f"the README cites paths that are not in the repository: {missing}"
+    makefile = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
+    for target in {s.split()[1] for s in spans if s.startswith("make ")}:
+        assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"no `make {target}`"
+    sections = set(re.findall(r"^#+ (.+)$", text, re.M))
+    for name in ["README.md"] + [f"examples/{n}" for n in os.listdir(os.path.join(ROOT, "examples"))]:
+        words = " ".join(open(os.path.join(ROOT, name), encoding="utf-8").read().split())
+        for cited in re.findall(r'section "([^"]+)"|"([^"]+)" below', words):
+            assert "".join(cited) in sections, f"{name} cites a README section that does not exist: {cited}"

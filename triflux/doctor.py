@@ -15,6 +15,7 @@ import numpy as np
 
 import triflux
 from . import backend
+from .demos.cli import interpreter_notice
 from .devices import DEVICE_CLASSES, CPU
 from .memory import format_bytes, memory_status
 from .preferences import BACKENDS, preferences_path, read_preference
@@ -247,6 +248,7 @@ def main(argv=None):
         args = _parser().parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
+    interpreter_notice(DEVICE_CLASSES["CUDA"](0), "The self-test checks the kernels' results, not their speed.")
     r = report(run_selftest=not args.no_selftest)
     if args.json:
         print(json.dumps(r, indent=2, default=str))

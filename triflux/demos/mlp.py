@@ -12,7 +12,7 @@ import numpy as np
 
 import triflux as tf
 from triflux import losses, optimise
-from triflux.devices import as_device
+from .cli import device_from_flag, interpreter_notice
 
 
 def load_digits_split(seed=0, test_fraction=0.2):
@@ -44,10 +44,8 @@ def main(argv=None):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
 
-    try:
-        device = tf.get_device() if args.device is None else as_device(args.device)
-    except (tf.TrifluxError, ValueError) as e:
-        p.error(str(e))
+    device = device_from_flag(p, args.device)
+    interpreter_notice(device)
     tf.seed(args.seed)
     (xtr, ytr), (xte, yte) = load_digits_split(args.seed)
     classes = 10

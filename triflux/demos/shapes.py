@@ -74,13 +74,21 @@ def confusion(pred, truth, classes=len(CLASSES)):
     return np.bincount(idx, minlength=classes * classes).reshape(classes, classes)
 
 
-def mean_iou(conf):
-    """Mean over classes of IoU = TP / (TP + FP + FN), over the classes that
-    appear in the truth or the prediction."""
+def class_iou(conf):
+    """Per class IoU = TP / (TP + FP + FN); NaN for a class that appears in
+    neither the truth nor the prediction."""
     tp = np.diag(conf).astype(np.float64)
     union = conf.sum(0) + conf.sum(1) - tp
-    present = union > 0
-    return float(np.mean(tp[present] / union[present])) if present.any() else 1.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(union > 0, tp / union, np.nan)
+
+
+def mean_iou(conf):
+    """Mean of :func:`class_iou` over the classes that appear in the truth or
+    the prediction."""
+    iou = class_iou(conf)
+    present = ~np.isnan(iou)
+    return float(np.mean(iou[present])) if present.any() else 1.0
 
 
 def pixel_accuracy(conf):

@@ -8,9 +8,12 @@ default device (a functional GPU, else the CPU reference) or --device.
 The learning rate follows a cosine from --lr down to zero over the epochs.
 Each epoch shows a progress bar (loss, images/s, device), then the
 validation mean IoU and pixel accuracy on a held-out fifth of the data. In
---out (default runs/<timestamp>/) it writes a checkpoint per epoch, the final
-model, metrics.csv, curves.png and predictions.png. Ctrl-C finishes the
-current step, saves a checkpoint and prints how to resume (--resume PATH).
+--out (default runs/<timestamp>/) it writes the final model, metrics.csv (per
+epoch: training loss, validation mean IoU, pixel accuracy and each class's
+IoU), curves.png, predictions.png and a checkpoint per epoch, of which it
+keeps the newest --keep-checkpoints (default 3) and the one of best
+validation mean IoU. Ctrl-C finishes the current step, saves a checkpoint and
+prints how to resume (--resume PATH).
 """
 import argparse
 import csv
@@ -24,12 +27,18 @@ import numpy as np
 
 import triflux as tf
 from triflux import losses, optimise
-from triflux.devices import as_device
 from triflux.models import UNet
-from .shapes import CLASSES, confusion, make_shapes, mean_iou, pixel_accuracy, split
+from .cli import device_from_flag, interpreter_notice
+from .shapes import CLASSES, class_iou, confusion, make_shapes, mean_iou, pixel_accuracy, split
 
 DEFAULTS = dict(epochs=15, batch_size=16, image_size=32, samples=1000, seed=0, depth=3, base_channels=16, lr=3e-3)
-CHECKPOINT_FORMAT = "triflux-demo-unet-checkpoint"
+CHECKPOINT_FORMAT = "triflux-demo-unet-checkpoint/2"
+#: epoch checkpoints kept besides the best one, unless --keep-checkpoints says otherwise
+KEEP_CHECKPOINTS = 3
+METRICS = ["epoch", "train_loss", "val_mean_iou", "val_pixel_accuracy", *(f"val_iou_{c}" for c in CLASSES),
+           "images_per_s", "seconds"]
+#: the running sums of an epoch before its first step
+NO_PROGRESS = {"loss_sum": 0.0, "images": 0, "seconds": 0.0}
 
 
 def parse(argv):
@@ -48,8 +57,24 @@ def parse(argv):
     p.add_argument("--seed", type=int, default=None, help="seeds the data, the weights and the shuffling")
     p.add_argument("--out", default=None, help="output folder (default runs/<timestamp>/)")
     p.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint file")
+    p.add_argument("--keep-checkpoints", type=_keep_count, default=KEEP_CHECKPOINTS, metavar="N|all",
+                   help=f"keep the epoch checkpoints of the N newest epochs and of the best one by validation "
+                        f"mean IoU (default {KEEP_CHECKPOINTS}); 'all' keeps every epoch's")
     p.add_argument("--quiet", action="store_true", help="no progress bars; only the last lines")
     return p
+
+
+def _keep_count(text):
+    """--keep-checkpoints: a positive count, or None for 'all'."""
+    if text == "all":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number or 'all', got {text!r}")
+    return n
 
 
 def _config(p, args, saved):
@@ -98,22 +123,84 @@ def learning_rate(cfg, epoch):
 
 
 def evaluate(model, device, images, labels, batch=64):
-    """(mean IoU, pixel accuracy, predictions) on held-out data, in test mode."""
+    """(validation scores, predictions) on held-out data, in test mode: the
+    scores are metrics.csv's ``val_*`` columns, rounded to 6 digits (a class
+    absent from both truth and prediction has IoU NaN)."""
     preds = []
     for i in range(0, len(images), batch):
         logits = model(device(images[i: i + batch]))
         preds.append(np.argmax(logits.numpy(), axis=1))
     pred = np.concatenate(preds)
     conf = confusion(pred, labels)
-    return mean_iou(conf), pixel_accuracy(conf), pred
+    scores = {"val_mean_iou": mean_iou(conf), "val_pixel_accuracy": pixel_accuracy(conf)}
+    scores.update((f"val_iou_{c}", float(v)) for c, v in zip(CLASSES, class_iou(conf)))
+    return {k: round(v, 6) for k, v in scores.items()}, pred
 
 
-def save_plots(out, history, images, labels, pred):
-    """curves.png (loss and IoU per epoch) and predictions.png (input, truth,
-    prediction for a few validation images)."""
+def checkpoint_name(epoch):
+    return f"checkpoint-epoch{epoch:03d}.safetensors"
+
+
+def interrupted_name(epoch):
+    return f"interrupted-epoch{epoch:03d}.safetensors"
+
+
+def best_epoch(history):
+    """The epoch of highest validation mean IoU (the first of equals)."""
+    return max(history, key=lambda h: h["val_mean_iou"])["epoch"]
+
+
+def prune_checkpoints(out, history, keep):
+    """Delete from ``out`` the epoch checkpoints of ``history`` other than
+    the ``keep`` newest and the :func:`best_epoch`'s, and the interrupted
+    checkpoints of finished epochs (``keep=None`` deletes nothing). Returns
+    the epochs whose checkpoints stay."""
+    epochs = [h["epoch"] for h in history]
+    if keep is None:
+        return epochs
+    kept = sorted(set(epochs[-keep:]) | {best_epoch(history)})
+    for e in epochs:
+        for name in [interrupted_name(e)] + ([] if e in kept else [checkpoint_name(e)]):
+            try:
+                os.remove(os.path.join(out, name))
+            except FileNotFoundError:
+                pass
+    return kept
+
+
+def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def prediction_figure(images, labels, pred):
+    """Input, truth and prediction of the first (up to) four images, with a
+    legend naming the class of each colour."""
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+    cmap, last = plt.get_cmap("viridis"), len(CLASSES) - 1
+    k = min(4, len(images))
+    fig, ax = plt.subplots(3, k, figsize=(2.2 * k, 7.0), squeeze=False)
+    for j in range(k):
+        ax[0, j].imshow(np.clip(images[j].transpose(1, 2, 0), 0, 1), interpolation="nearest")
+        for row, classes in ((1, labels[j]), (2, pred[j])):
+            ax[row, j].imshow(classes, vmin=0, vmax=last, cmap=cmap, interpolation="nearest")
+        for row, title in enumerate(("input", "truth", "prediction")):
+            ax[row, j].set_axis_off()
+            if j == 0:
+                ax[row, j].set_title(title, loc="left")
+    fig.legend(handles=[Patch(color=cmap(i / last), label=c) for i, c in enumerate(CLASSES)],
+               loc="lower center", ncol=2 if k < 3 else len(CLASSES), frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
+
+
+def save_plots(out, history, images, labels, pred):
+    """curves.png (loss and IoU per epoch) and predictions.png
+    (:func:`prediction_figure` of a few validation images)."""
+    plt = _pyplot()
     ep = [h["epoch"] for h in history]
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
     ax[0].plot(ep, [h["train_loss"] for h in history], marker="o")
@@ -126,16 +213,7 @@ def save_plots(out, history, images, labels, pred):
     curves = os.path.join(out, "curves.png")
     fig.savefig(curves, dpi=100)
     plt.close(fig)
-    k = min(4, len(images))
-    fig, ax = plt.subplots(3, k, figsize=(2.2 * k, 6.6), squeeze=False)
-    for j in range(k):
-        for row, (img, title) in enumerate(((np.clip(images[j].transpose(1, 2, 0), 0, 1), "input"),
-                                            (labels[j], "truth"), (pred[j], "prediction"))):
-            ax[row, j].imshow(img, vmin=0, vmax=3, cmap=None if row == 0 else "viridis", interpolation="nearest")
-            ax[row, j].set_axis_off()
-            if j == 0:
-                ax[row, j].set_title(title, loc="left")
-    fig.tight_layout()
+    fig = prediction_figure(images, labels, pred)
     preds = os.path.join(out, "predictions.png")
     fig.savefig(preds, dpi=100)
     plt.close(fig)
@@ -144,13 +222,12 @@ def save_plots(out, history, images, labels, pred):
 
 def _write_metrics(out, history):
     path = os.path.join(out, "metrics.csv")
-    fields = ["epoch", "train_loss", "val_mean_iou", "val_pixel_accuracy", "images_per_s", "seconds"]
     tmp = path + ".tmp"
     with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
+        w = csv.DictWriter(f, fieldnames=METRICS)
         w.writeheader()
         for h in history:
-            w.writerow({k: h[k] for k in fields})
+            w.writerow({k: h[k] for k in METRICS})
     os.replace(tmp, path)
     return path
 
@@ -167,12 +244,11 @@ def main(argv=None):
         except (tf.TrifluxError, OSError) as e:
             p.error(f"--resume: {e}")
         if not isinstance(saved, dict) or saved.get("format") != CHECKPOINT_FORMAT:
-            p.error(f"--resume {args.resume}: not a checkpoint of this demo")
+            p.error(f"--resume {args.resume}: not a checkpoint of this version of the demo "
+                    f"(format {saved.get('format') if isinstance(saved, dict) else None!r}, "
+                    f"expected {CHECKPOINT_FORMAT!r})")
     cfg = _config(p, args, saved["config"] if saved else None)
-    try:
-        device = tf.get_device() if args.device is None else as_device(args.device)
-    except (tf.TrifluxError, ValueError) as e:
-        p.error(f"--device {args.device}: {e}")
+    device = device_from_flag(p, args.device)
     if args.out is not None:
         out = args.out
     elif saved is not None:
@@ -181,6 +257,7 @@ def main(argv=None):
         out = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     out = _writable_folder(p, out)
     say = (lambda *a: None) if args.quiet else print
+    interpreter_notice(device)
 
     # --- data, model, optimiser ---------------------------------------------------------------
     images, labels = make_shapes(cfg["samples"], cfg["image_size"], seed=cfg["seed"])
@@ -191,12 +268,13 @@ def main(argv=None):
     opt = optimise.setup(optimise.Adam(cfg["lr"]), model)
     loader = device(tf.DataLoader((xtr, np.ascontiguousarray(onehot)), batchsize=cfg["batch_size"],
                                   shuffle=True, rng=cfg["seed"]))
-    history, start_epoch, skip_steps = [], 1, 0
+    history, start_epoch, skip_steps, progress = [], 1, 0, NO_PROGRESS
     if saved is not None:
         tf.loadmodel(model, saved["model"])
         tf.loadmodel(opt, saved["optimiser"])
         history = list(saved["history"])
         start_epoch, skip_steps = int(saved["epoch"]), int(saved["steps_done"])
+        progress = saved["progress"]
         loader.rng.bit_generator.state = saved["loader_rng"]
         say(f"resumed from {args.resume}: epoch {start_epoch}, {skip_steps} steps done")
 
@@ -206,11 +284,14 @@ def main(argv=None):
         f"model: UNet(depth={cfg['depth']}, base_channels={cfg['base_channels']}), "
         f"{sum(int(np.prod(t.shape)) for t in tf.functor.leaves(model)):,} numbers")
 
-    def checkpoint(epoch, steps_done, rng_state, name):
+    def checkpoint(epoch, steps_done, rng_state, progress, name):
+        """``progress``: the running loss sum, images and seconds of the
+        epoch's ``steps_done`` steps, so a resumed epoch logs what an
+        uninterrupted one would."""
         path = os.path.join(out, name)
         tf.save(path, {"format": CHECKPOINT_FORMAT, "config": cfg, "epoch": epoch, "steps_done": steps_done,
-                       "loader_rng": rng_state, "history": history, "model": tf.state(model),
-                       "optimiser": tf.state(opt)})
+                       "progress": progress, "loader_rng": rng_state, "history": history,
+                       "model": tf.state(model), "optimiser": tf.state(opt)})
         return path
 
     def loss_fn(m, x, y):
@@ -229,8 +310,8 @@ def main(argv=None):
         for epoch in range(start_epoch, cfg["epochs"] + 1):
             optimise.adjust(opt, learning_rate(cfg, epoch))
             rng_state = loader.rng.bit_generator.state      # replays this epoch's order on resume
-            total = n = 0
-            t0 = time.perf_counter()
+            total, n, earlier = progress["loss_sum"], progress["images"], progress["seconds"]
+            t0 = time.perf_counter() - earlier
             bar = tqdm(total=len(loader), desc=f"epoch {epoch}/{cfg['epochs']}", disable=args.quiet,
                        unit="batch", leave=True, file=sys.stdout, dynamic_ncols=True)
             for step, (x, y) in enumerate(loader):
@@ -246,32 +327,38 @@ def main(argv=None):
                 bar.update(1)
                 if interrupted["flag"]:
                     bar.close()
-                    path = checkpoint(epoch, step + 1, rng_state, f"interrupted-epoch{epoch:03d}.safetensors")
+                    progress = {"loss_sum": total, "images": n, "seconds": time.perf_counter() - t0}
+                    path = checkpoint(epoch, step + 1, rng_state, progress, interrupted_name(epoch))
                     print(f"interrupted: saved {path}\nresume with: python -m triflux demo unet --resume {path}",
                           file=sys.stderr)
                     return 130
             bar.close()
-            skip_steps = 0
+            skip_steps, progress = 0, NO_PROGRESS
             seconds = time.perf_counter() - t0
-            miou, acc, _ = evaluate(model, device, xva, yva)
-            history.append(dict(epoch=epoch, train_loss=round(total / max(n, 1), 6), val_mean_iou=round(miou, 6),
-                                val_pixel_accuracy=round(acc, 6), images_per_s=round(n / seconds, 2),
-                                seconds=round(seconds, 3)))
-            say(f"epoch {epoch}: loss {total / max(n, 1):.4f}  validation mean IoU {miou:.3f}  "
-                f"pixel accuracy {acc:.3f}  ({n / seconds:.1f} images/s)")
-            checkpoint(epoch + 1, 0, loader.rng.bit_generator.state, f"checkpoint-epoch{epoch:03d}.safetensors")
+            scores, _ = evaluate(model, device, xva, yva)
+            history.append(dict(epoch=epoch, train_loss=round(total / max(n, 1), 6), **scores,
+                                images_per_s=round(n / seconds, 2), seconds=round(seconds, 3)))
+            say(f"epoch {epoch}: loss {total / max(n, 1):.4f}  validation mean IoU {scores['val_mean_iou']:.3f}  "
+                f"pixel accuracy {scores['val_pixel_accuracy']:.3f}  ({n / seconds:.1f} images/s)")
+            checkpoint(epoch + 1, 0, loader.rng.bit_generator.state, progress, checkpoint_name(epoch))
             _write_metrics(out, history)
+            prune_checkpoints(out, history, args.keep_checkpoints)
     finally:
         signal.signal(signal.SIGINT, previous)
 
-    miou, acc, pred = evaluate(model, device, xva, yva)
+    scores, pred = evaluate(model, device, xva, yva)
     model_path = os.path.join(out, "model.safetensors")
     tf.save(model_path, model)
     metrics = _write_metrics(out, history)
+    kept = prune_checkpoints(out, history, args.keep_checkpoints)
     curves, preds = save_plots(out, history, xva, yva, pred)
-    print(f"final validation mean IoU {miou:.3f}, pixel accuracy {acc:.3f} ({device!r})")
+    print(f"final validation mean IoU {scores['val_mean_iou']:.3f}, "
+          f"pixel accuracy {scores['val_pixel_accuracy']:.3f} ({device!r})")
     print(f"model:       {model_path}")
-    print(f"checkpoints: {os.path.join(out, 'checkpoint-epoch*.safetensors')}")
+    which = ("every epoch's" if args.keep_checkpoints is None else
+             f"the newest {args.keep_checkpoints} and the best by validation mean IoU (epoch {best_epoch(history)})")
+    print(f"checkpoints: {os.path.join(out, 'checkpoint-epoch*.safetensors')}, epochs "
+          f"{', '.join(map(str, kept))}: {which}")
     print(f"metrics:     {metrics}")
     print(f"plots:       {curves}, {preds}")
     return 0
