@@ -13,6 +13,7 @@ import pytest
 
 from triflux import backend
 from triflux.errors import DTypeError, ShapeError
+from triflux.primitives import REGISTRY
 from triflux.reference import conv as ref
 from triflux.specs.conv import FUSABLE_ACTIVATIONS
 
@@ -437,7 +438,7 @@ def test_bias_act_bias_gradient_in_splits(monkeypatch):
         monkeypatch.setattr(launch, "launch", lambda k, grid, *a, **m: (launched.append((k, grid)),
                                                                         real_launch(k, grid, *a, **m))[1])
         monkeypatch.setattr(launch, "INTERPRET", False)
-        gz, db = kc._act_grad_and_bias_grad(gt, yt, bt, kc._ACT_CODES["sigmoid"])
+        gz, db = kc._act_grad_and_bias_grad(gt, yt, bt, kc.ACTIVATION_CODES["sigmoid"])
         monkeypatch.setattr(launch, "INTERPRET", True)
         monkeypatch.setattr(launch, "launch", real_launch)
         assert [k for k, _ in launched] == [kc._act_grad_kernel, kc._sum_splits_kernel], launched
@@ -475,21 +476,27 @@ def test_bias_act_kernels_use_torch_only_for_memory():
     assert_torch_only_moves_memory(work, "the conv2d_bias_act kernels")
 
 
-def test_fusable_activations_are_the_declared_ones():
-    """The activations conv2d_bias_act fuses are declared once, with the
-    primitive; the spec takes those, and the Conv layer, the kernel and the
-    testing part know each of them (the reference and the oracles are held
-    to torch on each by the tests above, parametrized by the declaration)."""
-    from triflux.layers import conv as layers_conv
-    from triflux.primitives import REGISTRY
-    from triflux.testing import conv as testing_conv
-    declared = REGISTRY["conv2d_bias_act"].fusable_activations
-    assert FUSABLE_ACTIVATIONS is declared and "relu" in declared
-    assert sorted(layers_conv._FUSABLE.values()) == sorted(declared)
-    assert sorted(testing_conv._ACTIVATION_SENSITIVITY) == sorted(declared)
+@pytest.mark.parametrize("name", [p.name for p in REGISTRY.values() if p.fusable_activations])
+def test_fusable_activations_are_the_declared_ones(name):
+    """The activations a primitive applies itself are declared once, with the
+    primitive; the layers (layers/fusion.py), the kernels' ACTIVATION codes,
+    the reference and the testing part know each of them (the reference and
+    the oracles are held to torch on each by the property suite, which draws
+    them from the declaration)."""
+    from triflux import activations, testing
+    from triflux.layers.fusion import fused_activation
+    from triflux.reference import _activation
+    declared = REGISTRY[name].fusable_activations
+    assert "relu" in declared and "identity" in declared
+    for act in declared:
+        assert fused_activation(getattr(activations, act), name) == act
+        y = np.array([-0.5, 0.0, 0.25, 0.75])
+        assert np.all(np.isfinite(_activation.activation_derivative(y, act)))
+    assert fused_activation(lambda v: activations.relu(v), name) is None
+    assert sorted(testing._ACTIVATION_SENSITIVITY) == sorted(declared)
     if backend.functional("CUDA"):
-        kc, _ = _kernels()
-        assert sorted(kc._ACT_CODES) == sorted(declared)
+        from triflux.triton_kernels import numerics
+        assert sorted(numerics.ACTIVATION_CODES) == sorted(declared)
 
 
 def test_ops_check_the_spec_before_dispatch(monkeypatch):

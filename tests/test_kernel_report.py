@@ -55,33 +55,8 @@ NO_SPILL_FAMILIES = ("conv", "matmul", "rnn")
 #: kernel modules with dots that must use tensor cores on 16-bit inputs
 DOT_FAMILIES = ("conv", "matmul", "rnn")
 
-_PLANNED = "kernel design work planned in issue 14"
 #: (check, arch, family) -> why today's kernels fail it (a fix flips the strict xfail)
-KNOWN_GAPS = {
-    ("spills", "sm_90", "conv"):
-        "the float32 input-gradient gather (_gather_conv_kernel, TRANSPOSED, 64x32x16 tiles, 4 warps) at the "
-        f"demo's sizes spills 4 bytes per thread at 80 registers ({_PLANNED}, part 2: no spills anywhere)",
-    ("spills", "sm_90", "matmul"):
-        "_matmul_kernel (64x64x32 tiles, 4 warps) spills 4-8 bytes per thread at 128 registers "
-        f"({_PLANNED}, parts 2 and 3: tiles chosen by the occupancy model)",
-    ("spills", "sm_80", "matmul"):
-        f"_matmul_kernel in bfloat16 spills 4 bytes per thread on sm_80 ({_PLANNED}, parts 2 and 3)",
-    ("spills", "sm_90", "rnn"):
-        "the LSTM kernels (_forward_kernel, _backward_kernel: 16x64x32 tiles, 4 gates) need 255 registers and "
-        f"spill up to 300 bytes per thread ({_PLANNED}, part 2: hidden units split across programs)",
-    ("spills", "sm_80", "rnn"):
-        f"the bfloat16 LSTM kernels spill on sm_80 too ({_PLANNED}, part 2)",
-    ("tensor cores", "sm_90", "matmul"):
-        "the LSTM backward multiplies bfloat16 weights by float32 partial sums: mixed operands make an IEEE "
-        f"float32 dot ({_PLANNED}, part 2)",
-    ("tensor cores", "sm_80", "matmul"):
-        f"as on sm_90: the LSTM backward's mixed bfloat16/float32 products ({_PLANNED}, part 2)",
-    ("tensor cores", "sm_90", "rnn"):
-        "the recurrent kernels take every dot in float32 (dot_kind(compute_dtype)), so a bfloat16 LSTM does "
-        f"not use tensor cores ({_PLANNED}, part 2)",
-    ("tensor cores", "sm_80", "rnn"):
-        f"as on sm_90: the recurrent kernels' dots are float32 ({_PLANNED}, part 2)",
-}
+KNOWN_GAPS = {}
 
 #: the subprocess: record each step (interpreter on), compile the union of
 #: specializations once per architecture, print every report's rows as JSON

@@ -213,8 +213,9 @@ def test_half_backward_sums_broadcast_batch_once(dtype):
 def test_gpu_tiles_in_the_interpreter(monkeypatch):
     """The GPU's configuration (one batch item per program, tiles smaller than
     the problem, several K steps, grouped tile order) computes the same."""
-    for dtype, tiles in [(torch.float32, (1, 16, 16, 8, 4)), (torch.float64, (1, 16, 16, 8, 4)),
-                         (torch.float16, (1, 16, 16, 16, 4)), (torch.float32, (4, 16, 16, 8, 4))]:
+    w = dict(num_warps=4)
+    for dtype, tiles in [(torch.float32, (1, 16, 16, 8, w)), (torch.float64, (1, 16, 16, 8, w)),
+                         (torch.float16, (1, 16, 16, 16, w)), (torch.float32, (4, 16, 16, 8, w))]:
         monkeypatch.setattr(km, "_tiles", lambda *args, _t=tiles: _t)
         a = _t(_rand((2, 23, 20), 12), dtype).transpose(1, 2)     # (2, 20, 23)
         b = _t(_rand((2, 1, 23, 41), 13), dtype)[:, :, :, ::2]    # (2, 1, 23, 21)
@@ -222,6 +223,26 @@ def test_gpu_tiles_in_the_interpreter(monkeypatch):
         expect = np.matmul(_np(a), _np(b))
         tol = 1e-12 if dtype == torch.float64 else 1e-2 if dtype == torch.float16 else 1e-5
         np.testing.assert_allclose(_np(c), expect, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype,shape,sms,expected", [
+    (np.float32, (128, 256, 784), 132, ((32, 32, 32), 4, 3)),     # the MLP's first layer: fill the SMs
+    (np.float32, (4096, 4096, 512), 132, ((64, 64, 32), 4, 2)),   # many tiles either way: the larger
+    (np.float16, (128, 256, 784), 108, ((64, 32, 32), 4, 3)),
+    (np.float16, (8192, 512, 64), 128, ((64, 64, 64), 4, 3)),      # two whole rounds
+])
+def test_gpu_tiles_by_the_wave_model(monkeypatch, dtype, shape, sms, expected):
+    """A GPU's tiles: the largest within 10% of the best share of whole waves
+    of programs over the SMs (``launch.wave_efficiency``)."""
+    monkeypatch.setattr(km.launch, "INTERPRET", False)
+    km._tiles.cache_clear()
+    try:
+        _, bm, bn, bk, options = km._tiles(1, *shape, np.dtype(dtype), sms)
+    finally:
+        km._tiles.cache_clear()
+    assert ((bm, bn, bk), options["num_warps"], options["num_stages"]) == expected
+    assert launch.wave_efficiency(132 * 4, 4, 128, 132) == 1.0          # 4 programs of 4 warps per SM: one round
+    assert launch.wave_efficiency(132 * 4 + 1, 4, 128, 132) == pytest.approx(529 / 1056)
 
 
 def test_errors():

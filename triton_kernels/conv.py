@@ -25,7 +25,7 @@ Implicit GEMM, no im2col in device memory. Two kernels do everything:
   same on every run).
 
 conv2d_bias_act is the forward kernel with ``HAS_BIAS`` and an
-``ACTIVATION`` (ACT_IDENTITY, ACT_RELU, ACT_SIGMOID, ACT_TANH) applied to the
+``ACTIVATION`` (numerics.ACT_IDENTITY, ACT_RELU, ACT_SIGMOID, ACT_TANH) applied to the
 accumulator in the epilogue, before the one store (the plain conv2d passes
 HAS_BIAS=False, ACT_IDENTITY). Its backward is one pass ``_act_grad_kernel``
 (gz = G * act'(y) from the output y, and the per-channel sums of gz for the
@@ -56,22 +56,9 @@ import triton
 import triton.language as tl
 
 from . import copy, launch, numerics
-from .numerics import DOT_FP64, DOT_NATIVE, dot, dot_kind, store_value
+from .numerics import ACT_IDENTITY, ACT_RELU, ACTIVATION_CODES, DOT_FP64, DOT_NATIVE, dot, dot_kind, store_value
 from ..errors import DTypeError
 from ..specs.conv import conv2d_bias_act_spec, conv2d_spec, conv_transpose2d_spec
-
-# --- the fused activations -------------------------------------------------------------------
-
-#: the ACTIVATION codes of the fused epilogue (_bias_act) and of its gradient (_act_grad_kernel)
-ACT_IDENTITY = tl.constexpr(0)
-ACT_RELU = tl.constexpr(1)
-ACT_SIGMOID = tl.constexpr(2)
-ACT_TANH = tl.constexpr(3)
-
-#: activation name (one of the spec's FUSABLE_ACTIVATIONS) -> its ACTIVATION code
-_ACT_CODES = {"identity": ACT_IDENTITY.value, "relu": ACT_RELU.value, "sigmoid": ACT_SIGMOID.value,
-              "tanh": ACT_TANH.value}
-
 
 @triton.jit
 def _bias_act(acc, bias, out_channel, bias_stride, channel_mask, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
@@ -80,13 +67,7 @@ def _bias_act(acc, bias, out_channel, bias_stride, channel_mask, HAS_BIAS: tl.co
     if HAS_BIAS:
         bias_value = tl.load(bias + out_channel * bias_stride, mask=channel_mask, other=0.0).to(acc.dtype)
         acc = acc + bias_value[None, :]
-    if ACTIVATION == ACT_RELU:    # (NaN stays NaN, as torch.relu)
-        acc = tl.where(acc < 0, 0.0, acc)
-    elif ACTIVATION == ACT_SIGMOID:
-        acc = numerics.sigmoid(acc)
-    elif ACTIVATION == ACT_TANH:
-        acc = numerics.tanh(acc)
-    return acc
+    return numerics.activate(acc, ACTIVATION)
 
 
 @triton.jit
@@ -293,12 +274,7 @@ def _act_grad_kernel(g, y, gz, partial_sums, channels, image_pixels, out_width, 
             yv = tl.load(y + n[None, :] * y_batch_stride + channel[:, None] * y_channel_stride
                          + p[None, :] * y_height_stride + q[None, :] * y_width_stride,
                          mask=mask, other=0.0).to(COMPUTE_TYPE)
-            if ACTIVATION == ACT_RELU:
-                d = tl.where(yv <= 0, 0.0, gv)
-            elif ACTIVATION == ACT_SIGMOID:
-                d = gv * (yv * (1.0 - yv))
-            else:
-                d = gv * (1.0 - yv * yv)
+            d = numerics.through_activation(gv, yv, ACTIVATION)
         if STORE_GZ:
             tl.store(gz + (n[None, :] * channels + channel[:, None]) * image_pixels + pixel[None, :],
                      store_value(d, gz.dtype.element_ty, INTERP), mask=mask)
@@ -324,9 +300,9 @@ def _sum_splits_kernel(partial_sums, total, num_splits, size, COMPUTE_TYPE: tl.c
 
 # --- launch helpers ---------------------------------------------------------------------------
 
-#: programs a launch aims at: twice the SMs of an H100 SXM (132; an A100 has 108), with
-#: 8-warp programs 16 warps on each SM, enough to keep its FMA pipes busy
-TARGET_PROGRAMS = 2 * 132
+#: programs a launch aims at, per SM of the GPU (launch.sm_count): with 8-warp programs,
+#: 16 warps on each SM, enough to keep its FMA pipes busy
+PROGRAMS_PER_SM = 2
 #: the fewest pixels one split of a weight gradient sums
 MIN_PIXELS_PER_SPLIT = 32
 
@@ -335,10 +311,10 @@ MIN_PIXELS_PER_SPLIT = 32
 # steps, float32, 16-bit and float64), those with the most multiply-adds per instruction in the
 # hot loop. The entry None: float32 (FFMA, also mixed 16-bit/float32 operands, and TF32).
 #: _gather_conv_kernel: (BLOCK_SIZE_PIXELS, BLOCK_SIZE_CHANNELS, BLOCK_SIZE_REDUCTION), the
-#: first tile that makes TARGET_PROGRAMS programs, else the last (smaller) one
+#: first tile that makes _target_programs programs, else the last (smaller) one
 _GATHER_TILES = {DOT_NATIVE.value: [((128, 64, 32), 8, 3), ((64, 32, 32), 4, 3)],
                  DOT_FP64.value: [((32, 16, 16), 8, 2)],
-                 None: [((64, 64, 16), 8, 1), ((64, 32, 16), 4, 1)]}
+                 None: [((64, 64, 16), 8, 1), ((64, 32, 16), 8, 1)]}
 #: _weight_grad_kernel: (BLOCK_SIZE_CHANNELS, BLOCK_SIZE_ENTRIES, BLOCK_SIZE_PIXELS); split-K
 #: makes the programs
 _WEIGHT_GRAD_TILES = {DOT_NATIVE.value: ((64, 64, 32), 8, 3), DOT_FP64.value: ((32, 16, 16), 4, 3),
@@ -355,11 +331,17 @@ def _pixel_index_type(num_pixels, block):
     return tl.int32 if num_pixels + block < 2 ** 31 else tl.int64
 
 
-def _gather_gpu_tiles(kind, num_pixels, channels, grid_z):
+def _target_programs(device):
+    """Programs a launch on ``device`` aims at: PROGRAMS_PER_SM per SM."""
+    return PROGRAMS_PER_SM * launch.sm_count(device.index)
+
+
+def _gather_gpu_tiles(kind, num_pixels, channels, grid_z, target_programs):
     """(block sizes, launch options) of _gather_conv_kernel on a GPU for dot
-    kind ``kind``: the first of ``_GATHER_TILES`` with TARGET_PROGRAMS programs, else the last."""
+    kind ``kind``: the first of ``_GATHER_TILES`` with ``target_programs``
+    programs, else the last."""
     for blocks, warps, stages in _GATHER_TILES.get(kind, _GATHER_TILES[None]):
-        if launch.cdiv(num_pixels, blocks[0]) * launch.cdiv(channels, blocks[1]) * grid_z >= TARGET_PROGRAMS:
+        if launch.cdiv(num_pixels, blocks[0]) * launch.cdiv(channels, blocks[1]) * grid_z >= target_programs:
             break
     return blocks, dict(num_warps=warps, num_stages=stages)
 
@@ -392,7 +374,7 @@ def _gather_conv(x, w, y, spec, reduce_channels, out_channels_per_group, w_strid
         (bp, bc, bk), options = _interpreter_tiles(NP, out_channels_per_group, reduce_channels, x.dtype), {}
     else:
         (bp, bc, bk), options = _gather_gpu_tiles(kind, NP, out_channels_per_group,
-                                                  spec.groups * phase_rows * phase_cols)
+                                                  spec.groups * phase_rows * phase_cols, _target_programs(x.device))
     grid = (launch.cdiv(NP, bp), launch.cdiv(out_channels_per_group, bc), spec.groups * phase_rows * phase_cols)
     has_bias = bias is not None
     launch.launch(_gather_conv_kernel, grid, x, w, y, bias if has_bias else y,
@@ -449,14 +431,14 @@ def _conv2d_input_grad(g, w, spec, dtype):
     return _gather_conv(g, w, dx, spec, Cout, Cg, (Cout * w.stride(0), w.stride(1), w.stride(0)), transposed=True)
 
 
-def _weight_grad_splits(programs, num_pixels):
+def _weight_grad_splits(programs, num_pixels, target_programs):
     """How many pixel ranges (splits) a weight gradient of ``programs`` tiles
-    sums separately: enough that the launch has TARGET_PROGRAMS programs,
+    sums separately: enough that the launch has ``target_programs`` programs,
     each split at least MIN_PIXELS_PER_SPLIT pixels; one in the interpreter
     (which pays per program)."""
-    if launch.INTERPRET or programs >= TARGET_PROGRAMS:
+    if launch.INTERPRET or programs >= target_programs:
         return 1
-    return max(1, min(launch.cdiv(TARGET_PROGRAMS, programs), num_pixels // MIN_PIXELS_PER_SPLIT))
+    return max(1, min(launch.cdiv(target_programs, programs), num_pixels // MIN_PIXELS_PER_SPLIT))
 
 
 def _conv2d_weight_grad(x, g, spec, dtype):
@@ -481,7 +463,7 @@ def _conv2d_weight_grad(x, g, spec, dtype):
         (bo, bq, bm), warps, stages = _WEIGHT_GRAD_TILES.get(kind, _WEIGHT_GRAD_TILES[None])
         options = dict(num_warps=warps, num_stages=stages)
     tiles = (launch.cdiv(OG, bo), launch.cdiv(Q, bq))
-    splits = _weight_grad_splits(tiles[0] * tiles[1] * spec.groups, NM)
+    splits = _weight_grad_splits(tiles[0] * tiles[1] * spec.groups, NM, _target_programs(x.device))
     if splits == 1:
         partial_sums = dw.unsqueeze(0)
     else:
@@ -597,7 +579,7 @@ def conv2d_bias_act_forward(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilati
     _check_floating(x)
     if b.device != x.device:
         raise ValueError(f"conv2d_bias_act: the bias is on {b.device} but x on {x.device}")
-    return _conv2d(x, w, spec, bias=b, activation=_ACT_CODES[activation])
+    return _conv2d(x, w, spec, bias=b, activation=ACTIVATION_CODES[activation])
 
 
 def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
@@ -605,7 +587,7 @@ def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0
     """gz = G * act'(y) and db = sum_{n, p, q} gz in one kernel (from the output
     y alone), then conv2d's input- and weight-gradient kernels on gz."""
     spec = _bias_act_spec(x, w, b, stride, padding, dilation, groups, activation)
-    gz, db = _act_grad_and_bias_grad(grad, out, b, _ACT_CODES[activation])
+    gz, db = _act_grad_and_bias_grad(grad, out, b, ACTIVATION_CODES[activation])
     dx = _conv2d_input_grad(gz, w, spec, x.dtype)
     dw = _conv2d_weight_grad(x, gz, spec, w.dtype)
     return dx, dw, db

@@ -9,6 +9,7 @@ On a real GPU, ``launch`` sends repeat launches of a kernel specialization
 straight to the compiled kernel (:class:`DirectLauncher`), skipping Triton's
 generic argument binder; the interpreter launches as ``kernel[grid](...)``.
 """
+from functools import lru_cache
 from itertools import compress, repeat
 from operator import and_, attrgetter
 
@@ -17,9 +18,32 @@ import triton.language as tl
 
 from triflux import backend
 from triflux.errors import NoGPUError
+from triflux.gpus import ASSUMED_GPU, GPUS, SATURATING_WARPS
 from triflux.memory import is_out_of_memory, out_of_memory
 
 INTERPRET = backend.interpreter_on()
+
+
+@lru_cache(maxsize=None)
+def sm_count(device_index):
+    """SMs of the GPU ``device_index``, for host plans that size a grid to the
+    GPU; the assumed GPU's (``triflux.gpus.ASSUMED_GPU``) where none answers
+    (the interpreter records the launches a real GPU would get)."""
+    if INTERPRET or not torch.cuda.is_available():
+        return GPUS[ASSUMED_GPU].sms
+    return torch.cuda.get_device_properties(device_index or 0).multi_processor_count
+
+
+def wave_efficiency(programs, num_warps, registers, sms, gpu=GPUS[ASSUMED_GPU]):
+    """The share of the GPU time a grid of ``programs`` uses, by the kernel
+    report's wave model: an SM runs min(resident, SATURATING_WARPS / num_warps)
+    programs at full rate (resident: the GPU's warps and registers per SM,
+    registers allocated per warp in units of 256), and a launch pays for
+    whole rounds of ``sms`` times that many programs."""
+    registers_per_warp = -(-registers * 32 // 256) * 256
+    resident = min(gpu.max_warps_per_sm // num_warps, gpu.regs_per_sm // (registers_per_warp * num_warps))
+    per_round = sms * max(1, min(resident, SATURATING_WARPS // num_warps))
+    return programs / (cdiv(programs, per_round) * per_round)
 
 
 def numel(shape):

@@ -24,6 +24,7 @@ import triton.language as tl
 from . import copy, indexing, launch, numerics
 from .numerics import store_value
 from .reduce import unbroadcast
+from ..dtypes import to_torch
 from ..errors import DTypeError
 from ..specs.matmul import matmul_spec
 
@@ -47,7 +48,7 @@ def _matmul_kernel(a, b, c, M, N, K, batch_size,
     computes one BLOCK_SIZE_M x BLOCK_SIZE_N output tile of BLOCK_SIZE_BATCH
     batch items: one on the GPU (2-d tiles, tl.dot) and more in the
     interpreter, which pays per program (3-d tiles, batched tl.dot)."""
-    pid = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0)                 # tile arithmetic in 32 bits, offsets in 64
     num_tiles_m = tl.cdiv(M, BLOCK_SIZE_M)
     num_tiles_n = tl.cdiv(N, BLOCK_SIZE_N)
     tiles = num_tiles_m * num_tiles_n
@@ -59,7 +60,7 @@ def _matmul_kernel(a, b, c, M, N, K, batch_size,
     tile_m = first_tile_m + (tile % tiles_in_group) % group_size_m
     tile_n = (tile % tiles_in_group) // group_size_m
 
-    items = (pid // tiles) * BLOCK_SIZE_BATCH + tl.arange(0, BLOCK_SIZE_BATCH)
+    items = (pid // tiles).to(tl.int64) * BLOCK_SIZE_BATCH + tl.arange(0, BLOCK_SIZE_BATCH)
     items_mask = items < batch_size
     items = tl.minimum(items, batch_size - 1)                  # past the end: reread the last
     a_item = indexing.nd_offset(items, batch_size1, batch_size2, batch_size3, batch_size4, batch_size5,
@@ -72,8 +73,8 @@ def _matmul_kernel(a, b, c, M, N, K, batch_size,
                                 c_batch_stride0, c_batch_stride1, c_batch_stride2,
                                 c_batch_stride3, c_batch_stride4, c_batch_stride5)
 
-    rows = tile_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-    cols = tile_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    rows = tile_m.to(tl.int64) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    cols = tile_n.to(tl.int64) * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     inner = tl.arange(0, BLOCK_SIZE_K)
     if DOT == numerics.DOT_FP64:
         acc_type = tl.float64
@@ -127,24 +128,51 @@ def _batch_strides(shape, strides, batch):
     return out
 
 
+# GPU tiles by dot kind, largest first: ((BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K), num_warps,
+# num_stages, registers per thread). Every entry compiles without a register spill for sm_90 and
+# sm_80 in the specializations the MLP, LSTM and demo UNet steps launch (float32 and bfloat16);
+# ``registers`` is the most any of them takes there (``python -m triflux kernels``). The 16-bit
+# tiles are 64 rows tall, the least a 4-warp wgmma takes on sm_90; num_stages > 1 pipelines the
+# operand loads through shared memory (cp.async). The entry None: float32 FFMA (and TF32).
+_GPU_TILES = {numerics.DOT_NATIVE.value: [((64, 64, 64), 4, 3, 128), ((64, 32, 32), 4, 3, 80)],
+              numerics.DOT_FP64.value: [((32, 32, 8), 4, 3, 128)],
+              None: [((64, 64, 32), 4, 2, 168), ((32, 32, 32), 4, 3, 72)]}
+
+
+def best_tile(tiles, programs_of, sms, tolerance=1.1):
+    """The tile of ``tiles`` (largest first; (blocks, num_warps, num_stages,
+    registers)) that a GPU of ``sms`` SMs runs fastest by
+    :func:`launch.wave_efficiency` of its grid (``programs_of(blocks)`` programs),
+    the largest within ``tolerance`` of the fastest: with the same rounds, a
+    larger tile reuses each loaded operand more."""
+    efficiency = [launch.wave_efficiency(programs_of(blocks), warps, registers, sms)
+                  for blocks, warps, _, registers in tiles]
+    best = max(efficiency)
+    return next(tile for tile, e in zip(tiles, efficiency) if e * tolerance >= best)
+
+
 @lru_cache(maxsize=1024)
-def _tiles(nbatch, M, N, K, dtype):
-    """(BLOCK_SIZE_BATCH, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, num_warps)
-    by hand: no autotuning (it would run every config in the interpreter). The
-    interpreter pays ~1 ms per program and little per element, so there one
-    program takes tiles as big as the problem allows (bounded) and several
-    batch items at once."""
+def _tiles(nbatch, M, N, K, dtype, sms):
+    """(BLOCK_SIZE_BATCH, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, launch
+    options) of a product of operands of NumPy ``dtype``, by a model, not autotuning (it would run every config in the
+    interpreter). The interpreter pays ~1 ms per program and little per
+    element, so there one program takes tiles as big as the problem allows
+    (bounded) and several batch items at once. A GPU of ``sms`` SMs gets the
+    :func:`best_tile` of ``_GPU_TILES`` for the dot kind."""
     p2 = launch.next_pow2
+    dtype = to_torch(dtype)
     if launch.INTERPRET:
         bm, bn = min(p2(M), 128), min(p2(N), 128)
         # float64 materialises the BLOCK_SIZE_M x BLOCK_SIZE_K x BLOCK_SIZE_N products: keep them small
         cap = (1 << 18) if dtype == torch.float64 else (1 << 21)
         bk = max(1, min(p2(K), 128, cap // (bm * bn)))
         bb = max(1, min(p2(nbatch), cap // (bm * bn * bk), (1 << 16) // (bm * max(bn, bk))))
-        return bb, bm, bn, bk, 4
-    if dtype == torch.float64:
-        return 1, 32, 32, 8, 4
-    return 1, 64, 64, 32, 4
+        return bb, bm, bn, bk, dict(num_warps=4)
+    kind = numerics.dot_kind(dtype)
+    tiles = _GPU_TILES.get(kind, _GPU_TILES[None])
+    (bm, bn, bk), warps, stages, _ = best_tile(
+        tiles, lambda blocks: nbatch * launch.cdiv(M, blocks[0]) * launch.cdiv(N, blocks[1]), sms)
+    return 1, bm, bn, bk, dict(num_warps=warps, num_stages=stages)
 
 
 def _fold_batch(a, b):
@@ -176,16 +204,17 @@ def matrix_product(a, b, out_dtype=None):
     if spec.k == 0:
         return copy.full(spec.out_shape, 0.0, out_dtype, a.device)
     c = launch.empty(spec.out_shape, out_dtype, a.device)
-    grid, args, meta = _product_plan(spec, a.stride(), b.stride())
+    grid, args, meta = _product_plan(spec, a.stride(), b.stride(), launch.sm_count(a.device.index))
     launch.launch(_matmul_kernel, grid, a, b, c, *args, **meta, DOT=numerics.dot_kind(a.dtype))
     return c
 
 
 @lru_cache(maxsize=4096)
-def _product_plan(spec, a_strides, b_strides):
+def _product_plan(spec, a_strides, b_strides, sms):
     """(grid, size and stride arguments, constexprs but DOT) of ``spec``'s
     product of operands of ``a_strides`` and ``b_strides`` into a dense
-    result: they depend on nothing else, and a training step repeats a few."""
+    result on a GPU of ``sms`` SMs: they depend on nothing else, and a
+    training step repeats a few."""
     batch, M, K, N = spec.batch, spec.m, spec.k, spec.n
     c_strides = [1] * len(spec.out_shape)
     for i in range(len(c_strides) - 2, -1, -1):
@@ -193,12 +222,12 @@ def _product_plan(spec, a_strides, b_strides):
     dims, (a_batch, b_batch, c_batch) = indexing.merge_dims(
         batch, _batch_strides(spec.a_matrix, a_strides, batch), _batch_strides(spec.b_matrix, b_strides, batch),
         c_strides[:-2])
-    bb, bm, bn, bk, warps = _tiles(spec.batch_size, M, N, K, spec.dtype)
+    bb, bm, bn, bk, options = _tiles(spec.batch_size, M, N, K, spec.dtype, sms)
     grid = (launch.cdiv(spec.batch_size, bb) * launch.cdiv(M, bm) * launch.cdiv(N, bn),)
     args = (M, N, K, spec.batch_size, *dims[1:], *a_batch, *b_batch, *c_batch,
             a_strides[-2], a_strides[-1], b_strides[-2], b_strides[-1], c_strides[-2], c_strides[-1])
     return grid, args, dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, BLOCK_SIZE_BATCH=bb, GROUP_SIZE_M=8,
-                            INTERP=launch.INTERPRET, num_warps=warps)
+                            INTERP=launch.INTERPRET, **options)
 
 
 def _check_floating(a):
