@@ -2,9 +2,18 @@
 between a fresh process timing triflux and one timing torch, so both see the
 same machine state (on a shared VM, runs minutes apart can differ by 1.5x),
 and neither side's thread pool (NumPy's OpenBLAS, torch's OpenMP) competes
-with the other's in one process. Prints the medians and the ratio.
+with the other's in one process. Prints a table row per case: the medians,
+the ratio's median and range over the rounds, and the load average (the
+machine's other work) before and after.
 
-    .venv/bin/python perf/interleaved.py [rounds] [mlp|unet|rnn_seed|lstm_large]
+    .venv/bin/python perf/interleaved.py [rounds] [case ... | quick | all]
+
+The cases are ``python -m triflux bench``'s workloads (``quick``: mlp,
+unet_quick, rnn_seed, lstm_quick, seed_chain), the large ones (unet,
+lstm_large) and two per-op probes: ``seed_chain_tiny`` (the seeds' Chain at
+batch 1, 8x8: about 40 ops a step on almost no data, so its time is the fixed
+cost per op) and ``add_tiny`` (one ``a + b`` of (4,) float32, outside any
+gradient).
 """
 import os
 import statistics
@@ -13,7 +22,34 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from triflux.benchmarks import BUILDERS  # noqa: E402
+from triflux.benchmarks import BUILDERS, LSTM_LARGE, LSTM_QUICK, MLP, RNN_SEED, SEED_CHAIN, UNET, UNET_QUICK  # noqa: E402,E501
+
+
+def _add_tiny(side):
+    if side == "torch":
+        import torch
+        a, b = torch.ones(4), torch.ones(4)
+    else:
+        import triflux as tf
+        a, b = tf.ones(4), tf.ones(4)
+    return lambda: a + b
+
+
+#: case: (the builder of a side's step, (warm-up steps, timed groups, steps per group))
+CASES = {
+    "mlp": (lambda side: BUILDERS["mlp", side](MLP), (5, 12, 5)),
+    "unet_quick": (lambda side: BUILDERS["unet", side](UNET_QUICK), (2, 9, 3)),
+    "rnn_seed": (lambda side: BUILDERS["rnn_seed", side](RNN_SEED), (20, 12, 20)),
+    "lstm_quick": (lambda side: BUILDERS["lstm_large", side](LSTM_QUICK), (3, 12, 3)),
+    "seed_chain": (lambda side: BUILDERS["seed_chain", side](SEED_CHAIN), (1, 7, 1)),
+    "unet": (lambda side: BUILDERS["unet", side](UNET), (1, 5, 1)),
+    "lstm_large": (lambda side: BUILDERS["lstm_large", side](LSTM_LARGE), (1, 3, 1)),
+    "seed_chain_tiny": (lambda side: BUILDERS["seed_chain", side](dict(SEED_CHAIN, batch=1, size=8)), (20, 12, 20)),
+    "add_tiny": (_add_tiny, (1000, 12, 2000)),
+}
+GROUPS = {"quick": ["mlp", "unet_quick", "rnn_seed", "lstm_quick", "seed_chain"],
+          "all": ["mlp", "unet_quick", "rnn_seed", "lstm_quick", "seed_chain", "unet", "lstm_large",
+                  "seed_chain_tiny", "add_tiny"]}
 
 
 def per_step(fn, n=10):
@@ -23,35 +59,48 @@ def per_step(fn, n=10):
     return (time.perf_counter() - t) / n
 
 
-#: (warm-up steps, timed groups, steps per group) per workload
-SCHEDULE = {"mlp": (5, 12, 5), "unet": (1, 5, 1), "rnn_seed": (20, 12, 20), "lstm_large": (1, 3, 1)}
-
-
-def time_side(side, workload="mlp"):
+def time_side(side, case="mlp"):
     """Median seconds per step of one side, measured in this process."""
-    step = BUILDERS[workload, side]()
-    warm, groups, per = SCHEDULE[workload]
+    build, (warm, groups, per) = CASES[case]
+    step = build(side)
     for _ in range(warm):
         step()
     return statistics.median(per_step(step, per) for _ in range(groups))
 
 
-def main(rounds=6, workload="mlp"):
+def _ms(seconds):
+    return f"{seconds * 1e3:.3f} ms" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+
+
+def measure(case, rounds=6):
+    """(triflux's median, torch's median, the ratios of the rounds), alternating processes."""
     ta, tb = [], []
     for _ in range(rounds):
         for side, out in (("triflux", ta), ("torch", tb)):
-            r = subprocess.run([sys.executable, __file__, "--side", side, workload], capture_output=True, text=True,
+            r = subprocess.run([sys.executable, __file__, "--side", side, case], capture_output=True, text=True,
                                check=True)
             out.append(float(r.stdout))
-    ratios = [x / y for x, y in zip(ta, tb)]
-    print(f"{workload}: triflux {statistics.median(ta) * 1e3:.2f} ms, torch {statistics.median(tb) * 1e3:.2f} ms per step "
-          f"(medians over {rounds} alternating process pairs)")
-    print(f"ratio triflux/torch: median {statistics.median(ratios):.2f}x, "
-          f"range {min(ratios):.2f}x-{max(ratios):.2f}x")
+    return statistics.median(ta), statistics.median(tb), [x / y for x, y in zip(ta, tb)]
+
+
+def main(rounds=6, cases=("mlp",)):
+    print(f"{rounds} alternating process pairs per case; load: the 1-minute load average before -> after")
+    print("| case | triflux | torch | ratio (median) | range | load |\n| --- | --- | --- | --- | --- | --- |")
+    for case in cases:
+        before = os.getloadavg()[0]
+        a, b, ratios = measure(case, rounds)
+        print(f"| {case} | {_ms(a)} | {_ms(b)} | **{statistics.median(ratios):.2f}x** | "
+              f"{min(ratios):.2f}x-{max(ratios):.2f}x | {before:.1f} -> {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--side":
         print(time_side(sys.argv[2], sys.argv[3]))
     else:
-        main(int(sys.argv[1]) if len(sys.argv) > 1 else 6, sys.argv[2] if len(sys.argv) > 2 else "mlp")
+        args = sys.argv[1:]
+        n = int(args.pop(0)) if args and args[0].isdigit() else 6
+        names = [c for a in (args or ["mlp"]) for c in GROUPS.get(a, [a])]
+        unknown = [c for c in names if c not in CASES]
+        if unknown:
+            sys.exit(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join([*CASES, *GROUPS])}")
+        main(n, names)

@@ -17,59 +17,107 @@ shape derived, by the family's spec (``triflux.specs.conv``).
 its input: its forward is conv2d's input gradient, its backward uses conv2d's
 forward and conv2d's weight gradient. Nothing is computed twice.
 
-Everything is im2col (``sliding_window_view``, a view, then one reshaped copy
-laid out as (channel, tap) rows by pixel columns) followed by one batched
-``matmul``; the input gradient is one ``matmul`` followed by col2im, one
-slice-add per kernel tap (kh*kw of them), never a loop over pixels. float16/bfloat16 compute in
-float32 and round once at the end; float32 and float64 stay as they are.
+Everything is im2col (a strided view of the padded input, then one copy laid
+out as (channel, tap) rows by pixel columns) followed by one ``matmul``, per
+group of samples (one sample of a large image, the whole batch of a small
+one); the input gradient is one ``matmul`` followed by col2im, one slice-add
+per kernel tap (kh*kw of them), never a loop over pixels. float16/bfloat16
+compute in float32 and round once at the end; float32 and float64 stay as they are.
 """
+import math
+import threading
+
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 
 from ..specs.conv import conv2d_bias_act_spec, conv2d_spec, conv_transpose2d_spec
+from ._activation import activate, through_activation
 from ._util import in_compute_dtype
 
 
+class _Scratch(threading.local):
+    """Buffers reused by every group and every call (one set per thread, each
+    of ``small`` to ``keep`` bytes): a fresh array of several MB costs a page
+    fault per 4 KB each time it is first written, as much as the copies into
+    it (small arrays come from memory malloc keeps, at no such cost)."""
+    small, keep = 1 << 20, 64 << 20
+
+    def array(self, name, shape, dtype):
+        """A scratch array of ``shape`` (its contents are garbage), valid until
+        the next request of ``name``."""
+        size = math.prod(shape) * np.dtype(dtype).itemsize
+        if size < self.small:
+            return np.empty(shape, dtype)
+        memory = self.__dict__.get(name)
+        if memory is None or memory.size < size:
+            memory = np.empty(size, np.uint8)
+            if size <= self.keep:
+                self.__dict__[name] = memory
+        return memory[:size].view(dtype).reshape(shape)
+
+
+_SCRATCH = _Scratch()
+
+
 def _padded(x, padding):
-    """x zero-padded by (top, bottom, left, right) on its last two axes."""
+    """x zero-padded by (top, bottom, left, right) on its last two axes (in
+    scratch memory: valid until the next call)."""
     pt, pb, pl, pr = padding
     if not any(padding):
         return x
     N, C, H, W = x.shape
-    xp = np.zeros((N, C, H + pt + pb, W + pl + pr), dtype=x.dtype)
+    xp = _SCRATCH.array("padded", (N, C, H + pt + pb, W + pl + pr), x.dtype)
+    xp[:, :, :pt] = xp[:, :, pt + H:] = xp[:, :, :, :pl] = xp[:, :, :, pl + W:] = 0
     xp[:, :, pt: pt + H, pl: pl + W] = x
     return xp
 
 
-def _windows(x, spec):
+def _windows(xp, spec):
     """im2col as a view: (N, C, kh, kw, Ho, Wo) with
     ``cols[n, c, i, j, p, q] = xp[n, c, p*sh + i*dh, q*sw + j*dw]``,
-    for x of the spec's input shape."""
+    for the zero-padded input xp: a step along i is dh rows of xp, along p
+    sh rows (likewise j, q along the columns), so the view is xp's memory
+    read with those strides (``as_strided``; it never reads past xp)."""
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel_size, spec.stride, spec.dilation
     Ho, Wo = spec.out_shape[2:]
-    xp = _padded(x, spec.padding)
-    ext_h, ext_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
-    win = sliding_window_view(xp, (ext_h, ext_w), axis=(2, 3))   # (N, C, Hp', Wp', ext_h, ext_w)
-    win = win[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :Ho, :Wo]
-    return win.transpose(0, 1, 4, 5, 2, 3)
+    assert (Ho - 1) * sh + (kh - 1) * dh < xp.shape[2] and (Wo - 1) * sw + (kw - 1) * dw < xp.shape[3]
+    n, c, rows, cols = xp.strides
+    return as_strided(xp, (xp.shape[0], xp.shape[1], kh, kw, Ho, Wo),
+                      (n, c, dh * rows, dw * cols, sh * rows, sw * cols), writeable=False)
 
 
-def _im2col(x, spec):
-    """The im2col matrices (G, Cg*kh*kw, N*Ho*Wo): rows (c, i, j) of group g,
-    columns the output pixels (n, p, q) of the whole batch, so one matrix
-    product per group serves every sample (a deep layer with few pixels
-    then reads its weights once, not once per sample). This reshape is the
-    one copy im2col makes; its inner axis runs along an image row."""
-    cols = _windows(x, spec)                                      # (N, C, kh, kw, Ho, Wo)
-    N, C, kh, kw, Ho, Wo = cols.shape
-    G = spec.groups
-    return cols.transpose(1, 2, 3, 0, 4, 5).reshape(G, C // G * kh * kw, N * Ho * Wo)
+#: the products run over groups of whole samples with at least this many output
+#: pixels: one sample of a large image, the whole batch of a small one. A group's
+#: im2col matrix stays a few MB, and a deep layer with few pixels still reads its
+#: weights once per batch, not once per sample.
+_GROUP_PIXELS = 2048
+
+
+def _sample_groups(n, pixels):
+    """Slices of consecutive samples (of ``n``), each with ``_GROUP_PIXELS`` or
+    more output ``pixels`` (the last one fewer)."""
+    per = max(1, -(-_GROUP_PIXELS // max(pixels, 1)))
+    return [slice(start, min(start + per, n)) for start in range(0, n, per)]
+
+
+def _im2col_groups(xp, spec, pixels):
+    """For each group of samples (``_sample_groups``), the slice and its im2col
+    matrices (G, Cg*kh*kw, S*Ho*Wo) of the padded input xp: rows (c, i, j) of
+    group g, columns the output pixels (n, p, q), so one matrix product per
+    group serves all S samples. The copy into the scratch buffer is the one
+    copy im2col makes; its inner axis runs along an image row."""
+    for s in _sample_groups(xp.shape[0], pixels):
+        view = _windows(xp[s], spec).transpose(1, 2, 3, 0, 4, 5)   # (C, kh, kw, S, Ho, Wo)
+        cols = _SCRATCH.array("cols", view.shape, xp.dtype)
+        np.copyto(cols, view)
+        C, kh, kw = view.shape[:3]
+        yield s, cols.reshape(spec.groups, C // spec.groups * kh * kw, -1)
 
 
 def _batch_inside(g, groups):
-    """g (N, O, Ho, Wo) as (G, O/G, N*Ho*Wo), the layout of _im2col's columns."""
-    N, O, Ho, Wo = g.shape
-    return g.reshape(N, groups, O // groups, Ho * Wo).transpose(1, 2, 0, 3).reshape(groups, O // groups, N * Ho * Wo)
+    """g (S, O, Ho, Wo) as (G, O/G, S*Ho*Wo), the layout of the im2col columns."""
+    S, O, Ho, Wo = g.shape
+    return g.reshape(S, groups, O // groups, Ho * Wo).transpose(1, 2, 0, 3).reshape(groups, O // groups, S * Ho * Wo)
 
 
 def _conv2d(x, w, spec):
@@ -79,11 +127,13 @@ def _conv2d(x, w, spec):
     O, Cg, kh, kw = w.shape
     G = spec.groups
     Ho, Wo = spec.out_shape[2:]
-    cols = _im2col(x, spec)
-    # the weights (G, O/G, Cg*kh*kw) times the im2col matrix (G, Cg*kh*kw, N*Ho*Wo):
-    # y[g, o, (n, p, q)] = sum_{(c, i, j)} w[g, o, (c, i, j)] * cols[g, (c, i, j), (n, p, q)]
-    y = np.matmul(w.reshape(G, O // G, Cg * kh * kw), cols)       # (G, O/G, N*Ho*Wo)
-    return np.ascontiguousarray(y.reshape(O, N, Ho, Wo).transpose(1, 0, 2, 3))
+    wm = w.reshape(G, O // G, Cg * kh * kw)
+    y = np.empty((N, O, Ho, Wo), dtype=x.dtype)
+    for s, cols in _im2col_groups(_padded(x, spec.padding), spec, Ho * Wo):
+        # the weights (G, O/G, Cg*kh*kw) times the im2col matrix (G, Cg*kh*kw, S*Ho*Wo):
+        # y[g, o, (n, p, q)] = sum_{(c, i, j)} w[g, o, (c, i, j)] * cols[g, (c, i, j), (n, p, q)]
+        y[s] = np.matmul(wm, cols).reshape(O, -1, Ho, Wo).transpose(1, 0, 2, 3)
+    return y
 
 
 def _conv2d_input_grad(g, w, spec):
@@ -93,22 +143,42 @@ def _conv2d_input_grad(g, w, spec):
         dxp[n, c, p*sh + i*dh, q*sw + j*dw] += dcols[c, i, j, n, p, q]     (col2im)
         dx = dxp with the padding cropped off
 
-    (one matmul, then one slice-add per kernel tap (i, j)). This is also
-    conv_transpose2d's forward, whose ``g`` may lack the bottom/right rows
-    and columns of the spec's output that no input position reaches."""
+    (per group of samples one matmul, then one slice-add per kernel tap (i, j)).
+    This is also conv_transpose2d's forward, whose ``g`` may lack the
+    bottom/right rows and columns of the spec's output that no input position reaches."""
     N, C, H, W = spec.x_shape
     O, Cg, kh, kw = w.shape
     G = spec.groups
     (sh, sw), (pt, pb, pl, pr), (dh, dw) = spec.stride, spec.padding, spec.dilation
+    Hp, Wp = H + pt + pb, W + pl + pr
     Ho, Wo = g.shape[2], g.shape[3]
     wt = w.reshape(G, O // G, Cg * kh * kw).transpose(0, 2, 1)   # (G, Cg*kh*kw, O/G)
-    dcols = np.matmul(wt, _batch_inside(g, G)).reshape(C, kh, kw, N, Ho, Wo)
-    dxp = np.zeros((C, N, H + pt + pb, W + pl + pr), dtype=g.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            dxp[:, :, i * dh: i * dh + sh * (Ho - 1) + 1: sh,
-                j * dw: j * dw + sw * (Wo - 1) + 1: sw] += dcols[:, i, j]
-    return dxp[:, :, pt: pt + H, pl: pl + W].transpose(1, 0, 2, 3)
+    # Stride 1: with the rows of the padded image laid end to end, tap (i, j) moves
+    # every output pixel by the same i*dh*Wp + j*dw, so its slice-add is one long
+    # run per channel. g gets zero columns up to the padded width Wp; their
+    # products (exact zeros for finite weights) land on pixels real ones reach too.
+    # Worth it for wide images only, where those columns add few products.
+    runs = spec.stride == (1, 1) and 16 * (Wp - Wo) <= Wo and bool(np.isfinite(w).all())
+    dxp = np.zeros((N, C, Hp + int(runs), Wp), dtype=g.dtype)    # (runs: a spare row for the last run)
+    for s in _sample_groups(N, Ho * Wo):
+        S, gs = s.stop - s.start, g[s]
+        if runs:                                                   # g's rows widened to Wp by zeros
+            gs = _SCRATCH.array("g", (S, O, Ho, Wp), g.dtype)
+            gs[..., :Wo], gs[..., Wo:] = g[s], 0
+        dcols = _SCRATCH.array("cols", (G, Cg * kh * kw, S * Ho * gs.shape[3]), g.dtype)
+        np.matmul(wt, _batch_inside(gs, G), out=dcols)
+        dcols = dcols.reshape(C, kh, kw, S, Ho, gs.shape[3])
+        d = dxp[s].transpose(1, 0, 2, 3)                           # (C, S, Hp (+ 1), Wp), a view
+        rows = dxp.reshape(N, C, -1)[s].transpose(1, 0, 2)          # the same with its rows end to end
+        for i in range(kh):
+            for j in range(kw):
+                if runs:
+                    start = i * dh * Wp + j * dw
+                    rows[:, :, start: start + Ho * Wp] += dcols[:, i, j].reshape(C, S, Ho * Wp)
+                else:
+                    d[:, :, i * dh: i * dh + sh * (Ho - 1) + 1: sh,
+                      j * dw: j * dw + sw * (Wo - 1) + 1: sw] += dcols[:, i, j]
+    return dxp[:, :, pt: pt + H, pl: pl + W]
 
 
 def _conv2d_weight_grad(x, g, spec):
@@ -116,11 +186,17 @@ def _conv2d_weight_grad(x, g, spec):
 
         dw[o, c', i, j] = sum_{n, p, q} g[n, o, p, q] * xp[n, g(o)*C/G + c', p*sh + i*dh, q*sw + j*dw]
     """
-    cols = _im2col(x, spec)
-    # one product over (n, p, q) together:
-    # dw[g, o, (c, i, j)] = sum_{(n, p, q)} g[g, o, (n, p, q)] * cols[g, (c, i, j), (n, p, q)]
-    dw = np.matmul(_batch_inside(g, spec.groups), cols.transpose(0, 2, 1))   # (G, O/G, Cg*kh*kw)
-    return dw.reshape(spec.w_shape)
+    dw = np.zeros(spec.w_shape, dtype=g.dtype) if x.shape[0] == 0 else None
+    for s, cols in _im2col_groups(_padded(x, spec.padding), spec, g.shape[2] * g.shape[3]):
+        # one product over the group's (n, p, q) together:
+        # dw[g, o, (c, i, j)] += sum_{(n, p, q)} g[g, o, (n, p, q)] * cols[g, (c, i, j), (n, p, q)]
+        gs = _batch_inside(g[s], spec.groups)
+        if cols.shape[2] >= cols.shape[1]:     # more pixels than rows: BLAS runs the same sums
+            part = np.matmul(cols, gs.transpose(0, 2, 1)).transpose(0, 2, 1)   # as dw^T = cols g^T, 10-20% faster
+        else:
+            part = np.matmul(gs, cols.transpose(0, 2, 1))
+        dw = part if s.start == 0 else dw + part
+    return np.ascontiguousarray(dw).reshape(spec.w_shape)          # in the weight's memory layout
 
 
 def conv2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
@@ -188,30 +264,6 @@ def conv_transpose2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 
 
 # --- conv2d with bias and activation fused (one primitive) -----------------------------------
 
-def _activate(z, activation):
-    """act(z): identity z; relu max(z, 0); sigmoid 1 / (1 + exp(-z)); tanh."""
-    if activation == "relu":
-        return np.maximum(z, 0)          # (NaN stays NaN, as torch.relu)
-    if activation == "sigmoid":
-        e = np.exp(-np.abs(z))          # <= 1: no overflow for large |z|
-        return np.where(z >= 0, 1 / (1 + e), e / (1 + e))
-    if activation == "tanh":
-        return np.tanh(z)
-    return z
-
-
-def _activation_derivative(y, activation):
-    """act'(z) written in y = act(z): identity 1; relu [not y <= 0] (relu'(0) = 0
-    and 1 at NaN, as torch's threshold_backward); sigmoid y (1 - y); tanh 1 - y^2."""
-    if activation == "relu":
-        return np.where(y <= 0, 0, 1).astype(y.dtype)
-    if activation == "sigmoid":
-        return y * (1 - y)
-    if activation == "tanh":
-        return 1 - y * y
-    return np.ones_like(y)
-
-
 def conv2d_bias_act_forward(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
                             activation="identity"):
     """y = act(conv2d(x, w) + b), one primitive (a Conv layer's whole forward):
@@ -226,8 +278,9 @@ def conv2d_bias_act_forward(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilati
     spec = conv2d_bias_act_spec(np.shape(x), np.shape(w), np.shape(b), x.dtype, w.dtype, np.asarray(b).dtype,
                                 stride, padding, dilation, groups, activation)
     xc, wc, bc = in_compute_dtype(x, w, b)
-    z = _conv2d(xc, wc, spec) + bc.reshape(1, -1, 1, 1)
-    return _activate(z, activation).astype(x.dtype, copy=False)
+    z = _conv2d(xc, wc, spec)
+    z += bc.reshape(1, -1, 1, 1)
+    return activate(z, activation).astype(x.dtype, copy=False)
 
 
 def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
@@ -242,7 +295,7 @@ def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0
     spec = conv2d_bias_act_spec(np.shape(x), np.shape(w), np.shape(b), x.dtype, w.dtype, np.asarray(b).dtype,
                                 stride, padding, dilation, groups, activation)
     xc, wc, g, y = in_compute_dtype(x, w, grad, out)
-    gz = g * _activation_derivative(y, activation)
+    gz = through_activation(g, y, activation)
     db = gz.sum(axis=(0, 2, 3))
     dx, dw = _conv2d_input_grad(gz, wc, spec), _conv2d_weight_grad(xc, gz, spec)
     return dx.astype(x.dtype, copy=False), dw.astype(w.dtype, copy=False), db.astype(np.asarray(b).dtype, copy=False)

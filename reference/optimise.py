@@ -113,6 +113,34 @@ def _adam_direction(mc, vc, beta1, beta2, epsilon, step, out, eta=1.0):
     return out
 
 
+#: elements per block of :func:`_in_blocks`: the four float32 arrays of a block (1 MB) stay in cache
+_BLOCK = 1 << 16
+
+
+def _in_blocks(*arrays):
+    """The arrays (of one shape), cut into matching blocks of their flattened
+    memory: an update's dozen elementwise passes then run over each block
+    while it is in cache, instead of a dozen trips through main memory for a
+    large parameter. Small arrays (that stay in cache anyway) and arrays that
+    are not all contiguous come as one block."""
+    if arrays[0].size <= 4 * _BLOCK or not all(a.flags.c_contiguous for a in arrays):
+        yield arrays
+        return
+    flat = [a.reshape(-1) for a in arrays]
+    for start in range(0, flat[0].size, _BLOCK):
+        yield [a[start: start + _BLOCK] for a in flat]
+
+
+def _blocks_and_scratch(*arrays):
+    """The blocks of :func:`_in_blocks`, each with a scratch array of its shape
+    (one buffer for all of them: large temporaries cost page faults)."""
+    memory = None
+    for block in _in_blocks(*arrays):
+        if memory is None:                       # the first block is the largest
+            memory = np.empty(block[0].size, block[0].dtype)
+        yield (*block, memory[:block[0].size].reshape(block[0].shape))
+
+
 def check_step(step):
     """``step``, the 1-based count of updates, as an int (checked)."""
     if int(step) != step or step < 1:
@@ -132,10 +160,10 @@ def adam_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, step):
     """
     step = check_step(step)
     with _in_compute_type(x, g, m, v) as (xc, gc, mc, vc):
-        d = np.empty_like(gc)      # one scratch buffer: large temporaries cost page faults
-        _adam_moments(gc, mc, vc, beta1, beta2, d)
-        _adam_direction(mc, vc, beta1, beta2, epsilon, step, d, eta)
-        xc -= d
+        for xb, gb, mb, vb, d in _blocks_and_scratch(xc, gc, mc, vc):
+            _adam_moments(gb, mb, vb, beta1, beta2, d)
+            _adam_direction(mb, vb, beta1, beta2, epsilon, step, d, eta)
+            xb -= d
 
 
 def adamw_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, lambd, step):
@@ -154,12 +182,12 @@ def adamw_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, lambd, step)
     step = check_step(step)
     with _in_compute_type(x, g, m, v) as (xc, gc, mc, vc):
         T = xc.dtype.type
-        d = np.empty_like(gc)
-        _adam_moments(gc, mc, vc, beta1, beta2, d)
-        _adam_direction(mc, vc, beta1, beta2, epsilon, step, d)
-        d += T(lambd) * xc
-        d *= T(eta)
-        xc -= d
+        for xb, gb, mb, vb, d in _blocks_and_scratch(xc, gc, mc, vc):
+            _adam_moments(gb, mb, vb, beta1, beta2, d)
+            _adam_direction(mb, vb, beta1, beta2, epsilon, step, d)
+            d += T(lambd) * xb
+            d *= T(eta)
+            xb -= d
 
 
 def rmsprop_update_forward(x, g, s, *, eta, rho, epsilon):

@@ -40,6 +40,15 @@ def _maps(spec):
     return _windows(spec.rows), _windows(spec.cols)
 
 
+@lru_cache(maxsize=1024)
+def _tile(axis):
+    """k if the windows of a :class:`PoolAxis` are consecutive tiles of k
+    positions (output i reads i*k ... i*k + k - 1: no padding, no overlap), else 0."""
+    k = axis.taps
+    tiles = bool(axis.real.all()) and np.array_equal(axis.index, np.arange(axis.out * k).reshape(axis.out, k))
+    return k if tiles else 0
+
+
 # --- shared forward/backward bodies --------------------------------------------------------------
 
 def _max_forward(x, rows, cols):
@@ -47,9 +56,41 @@ def _max_forward(x, rows, cols):
     return rows.max(cols.max(x, 3), 2)
 
 
-def _max_backward(grad, x, rows, cols):
+def _max_backward(grad, out, x, spec):
     """dx[n, c, p, q] = sum of g[n, c, i, j] over the windows (i, j) whose
-    maximum came from (p, q) (torch's rule, see the module docstring).
+    maximum came from (p, q) (torch's rule, see the module docstring)."""
+    kh, kw = _tile(spec.rows), _tile(spec.cols)
+    if kh and kw and not np.isnan(out).any():
+        return _max_backward_tiled(grad, out, x, kh, kw)
+    return _max_backward_separable(grad, x, *_maps(spec))
+
+
+def _max_backward_tiled(grad, y, x, kh, kw):
+    """The backward when the windows tile the input and no maximum is NaN:
+    window (i, j)'s tap (a, b) is x[n, c, i*kh + a, j*kw + b], and the first
+    tap in row-major order that equals the window's maximum y[n, c, i, j]
+    takes g[n, c, i, j] (one comparison per tap, no index arithmetic)."""
+    N, C, Ho, Wo = y.shape
+    H, W = Ho * kh, Wo * kw
+    taps = x[:, :, :H, :W].reshape(N, C, Ho, kh, Wo, kw)
+    dtaps = np.zeros(taps.shape, dtype=x.dtype)
+    g = np.asarray(grad).astype(x.dtype, copy=False)
+    open_ = np.ones(y.shape, dtype=bool)                   # windows whose maximum is not found yet
+    for a in range(kh):
+        for b in range(kw):
+            hit = np.equal(taps[:, :, :, a, :, b], y)
+            hit &= open_
+            np.copyto(dtaps[:, :, :, a, :, b], g, where=hit)
+            open_ &= ~hit
+    if (H, W) == x.shape[2:]:
+        return dtaps.reshape(x.shape)
+    dx = np.zeros(x.shape, dtype=x.dtype)                   # rows/columns past the last window get 0
+    dx[:, :, :H, :W] = dtaps.reshape(N, C, H, W)
+    return dx
+
+
+def _max_backward_separable(grad, x, rows, cols):
+    """:func:`_max_backward` for any windows.
 
     The row-major rule is separable: the maximum of each row's part of a
     window and its column (the first maximal one, or the last NaN), then,
@@ -93,7 +134,7 @@ def maxpool2d_backward(grad, out, x, window, stride, padding, dilation=(1, 1), c
     """dx[n, c, p, q] = sum of g[n, c, i, j] over the windows (i, j) whose maximum came from (p, q):
     the first maximal pixel in row-major window order, or the last NaN (torch's rule)."""
     spec = pool2d_spec("maxpool2d", np.shape(x), x.dtype, window, stride, padding, dilation, ceil_mode)
-    return (_max_backward(grad, x, *_maps(spec)),)
+    return (_max_backward(grad, out, x, spec),)
 
 
 # --- mean pooling --------------------------------------------------------------------------------
@@ -131,7 +172,7 @@ def adaptive_maxpool2d_backward(grad, out, x, size):
     """dx[n, c, p, q] = sum of g[n, c, i, j] over the windows whose maximum came from (p, q)
     (the first maximal pixel in row-major order, or the last NaN: torch's rule)."""
     spec = adaptive_pool2d_spec("adaptive_maxpool2d", np.shape(x), x.dtype, size)
-    return (_max_backward(grad, x, *_maps(spec)),)
+    return (_max_backward(grad, out, x, spec),)
 
 
 def adaptive_meanpool2d_forward(x, size):

@@ -16,6 +16,7 @@ import numpy as np
 
 import triflux as tf
 from . import backend, losses, models, optimise
+from .demos.cli import interpreter_notice
 
 MLP = dict(batch=128, sizes=(784, 256, 256, 10))
 #: the CPU target: a UNet step at batch 4, 64x64 (triflux.models.UNet's defaults:
@@ -157,6 +158,57 @@ def torch_unet_step(cfg=UNET, device="cpu", dtype="float32"):
     return step
 
 
+# --- the seeds' UNET-like Chain ------------------------------------------------------------
+
+#: shared/seeds/000: Conv 3=>64=>64 (relu, pad 1), MaxPool 2, Conv 64=>128=>128, MaxPool 2,
+#: Conv 128=>2 (examples/unet_chain.py); batch 4, 64x64, per-pixel logitcrossentropy, Adam
+SEED_CHAIN = dict(batch=4, size=64, in_channels=3, classes=2, widths=(64, 128))
+
+
+def seed_chain_data(cfg=SEED_CHAIN):
+    """Images and one-hot labels at the output's resolution (a quarter of the side)."""
+    x, y = unet_data(cfg)
+    return x, np.ascontiguousarray(y[:, :, ::4, ::4])
+
+
+def triflux_seed_chain_step(cfg=SEED_CHAIN, device="cpu"):
+    """A closure running one triflux training step of the seeds' Chain."""
+    dev = _tf_device(device)
+    a, b = cfg["widths"]
+    model = dev(tf.Chain(tf.Conv((3, 3), cfg["in_channels"], a, tf.relu, pad=1), tf.Conv((3, 3), a, a, tf.relu, pad=1),
+                         tf.MaxPool((2, 2)),
+                         tf.Conv((3, 3), a, b, tf.relu, pad=1), tf.Conv((3, 3), b, b, tf.relu, pad=1),
+                         tf.MaxPool((2, 2)),
+                         tf.Conv((3, 3), b, cfg["classes"], pad=1)))
+    opt = optimise.setup(optimise.Adam(1e-3), model)
+    xt, yt = (dev(v) for v in seed_chain_data(cfg))
+
+    def step():
+        _, (g,) = tf.withgradient(lambda m: losses.logitcrossentropy(m(xt), yt, dims=1), model)
+        optimise.update(opt, model, g)
+    return step
+
+
+def torch_seed_chain_step(cfg=SEED_CHAIN, device="cpu"):
+    """The same step in torch (nn.Conv2d with bias, nn.MaxPool2d)."""
+    import torch
+    from torch import nn
+    a, b = cfg["widths"]
+    model = nn.Sequential(nn.Conv2d(cfg["in_channels"], a, 3, padding=1), nn.ReLU(), nn.Conv2d(a, a, 3, padding=1),
+                          nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(a, b, 3, padding=1), nn.ReLU(), nn.Conv2d(b, b, 3, padding=1), nn.ReLU(),
+                          nn.MaxPool2d(2),
+                          nn.Conv2d(b, cfg["classes"], 3, padding=1)).to(device)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    xt, yt = (torch.from_numpy(v).to(device) for v in seed_chain_data(cfg))
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xt), yt).backward()
+        opt.step()
+    return step
+
+
 # --- recurrent models: the seed's small RNN and a large LSTM ------------------------------
 
 #: the seed (shared/seeds/003): RNN(1 => 6, tanh) and Dense(6 => 1) over one sequence of 20
@@ -209,17 +261,21 @@ BUILDERS = {("mlp", "triflux"): triflux_mlp_step, ("mlp", "torch"): torch_mlp_st
             ("rnn_seed", "triflux"): lambda cfg=RNN_SEED, **kw: triflux_recurrent_step(cfg, **kw),
             ("rnn_seed", "torch"): lambda cfg=RNN_SEED, **kw: torch_recurrent_step(cfg, **kw),
             ("lstm_large", "triflux"): lambda cfg=LSTM_LARGE, **kw: triflux_recurrent_step(cfg, **kw),
-            ("lstm_large", "torch"): lambda cfg=LSTM_LARGE, **kw: torch_recurrent_step(cfg, **kw)}
+            ("lstm_large", "torch"): lambda cfg=LSTM_LARGE, **kw: torch_recurrent_step(cfg, **kw),
+            ("seed_chain", "triflux"): triflux_seed_chain_step, ("seed_chain", "torch"): torch_seed_chain_step}
 
 
 # --- python -m triflux bench ----------------------------------------------------------------
 
+UNET_QUICK = dict(UNET, depth=2, base=16, size=32)
+LSTM_QUICK = dict(LSTM_LARGE, hidden=128, length=32, batch=16)
+
 #: the quick run's workloads: (label, workload, config)
 QUICK = (("MLP step 784-256-256-10, batch 128", "mlp", MLP),
-         ("UNet step depth 2, base 16, batch 4, 32x32", "unet", dict(UNET, depth=2, base=16, size=32)),
+         ("UNet step depth 2, base 16, batch 4, 32x32", "unet", UNET_QUICK),
          ("the seed's RNN step (1 => 6, 20 steps)", "rnn_seed", RNN_SEED),
-         ("LSTM step 64 => 128, 32 steps, batch 16", "lstm_large", dict(LSTM_LARGE, hidden=128, length=32,
-                                                                         batch=16)))
+         ("LSTM step 64 => 128, 32 steps, batch 16", "lstm_large", LSTM_QUICK),
+         ("the seeds' UNET-like Chain step, batch 4, 64x64", "seed_chain", SEED_CHAIN))
 
 
 def _median_time(step, reps, warmup=1, sync=lambda: None):
@@ -264,8 +320,11 @@ def main(argv=None):
     work = list(QUICK) + ([("UNet step depth 4, base 64, batch 4, 64x64", "unet", UNET),
                            ("LSTM step 64 => 512, 128 steps, batch 64", "lstm_large", LSTM_LARGE)]
                           if args.full else [])
-    print(f"device: {args.device}; torch {torch.__version__}; {args.reps} timed steps each (medians)")
-    print("| workload | triflux | torch | ratio triflux/torch |\n| --- | --- | --- | --- |")
+    interpreted = interpreter_notice(_tf_device(args.device), "The triflux timings below are interpreter timings.")
+    where = f"{args.device} (Triton interpreter on the CPU; torch on the CPU)" if interpreted else args.device
+    ours = "triflux (interpreter timings)" if interpreted else "triflux"
+    print(f"device: {where}; torch {torch.__version__}; {args.reps} timed steps each (medians)")
+    print(f"| workload | {ours} | torch | ratio triflux/torch |\n| --- | --- | --- | --- |")
     for label, name, cfg in work:
         a = BUILDERS[name, "triflux"](cfg, device=args.device)
         b = BUILDERS[name, "torch"](cfg, device=torch_device)
