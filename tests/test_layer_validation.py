@@ -37,7 +37,7 @@ BAD_CONSTRUCTORS = [
     (lambda: tf.models.UNet(1, 2, depth=2.5), ShapeError, "UNet: depth must be a positive int, got 2.5"),
     (lambda: tf.BatchNorm(2.5), ShapeError, "BatchNorm: channels must be a positive int, got 2.5 (float)"),
     (lambda: tf.BatchNorm(3, eps=-1e-5), ArgumentError, "BatchNorm: eps must be a non-negative finite number"),
-    (lambda: tf.BatchNorm(3, momentum=1.5), ArgumentError, "BatchNorm: momentum must be a probability"),
+    (lambda: tf.BatchNorm(3, momentum=float("nan")), ArgumentError, "BatchNorm: momentum must be a finite number"),
     (lambda: tf.BatchNorm(3, dtype="int32"), DTypeError, "BatchNorm: dtype=int32 cannot hold trainable parameters"),
     (lambda: tf.BatchNorm(3, "nope"), ArgumentError, "BatchNorm: activation must be a function"),
     # activations: functions or known names

@@ -475,9 +475,10 @@ _GPU_BLOCKS = {numerics.DOT_NATIVE.value: ((16, 64, 16), 8), numerics.DOT_FP64.v
 
 
 @lru_cache(maxsize=256)
-def _time_loop_plan(spec, sms):
+def _time_loop_plan(spec, sms, kind):
     """(grid, units per program, launch keywords) of the time-loop kernels for
-    ``spec`` on a GPU of ``sms`` SMs. Grid axis 0: the batch blocks; axis 1:
+    ``spec`` on a GPU of ``sms`` SMs, with dots of ``kind`` (an argument, not
+    read here: it follows ``set_matmul_precision``, and the plan is cached). Grid axis 0: the batch blocks; axis 1:
     on a GPU the hidden units are split so that the launch has about as many
     programs as the GPU has SMs, never more (the programs of a batch block
     wait for each other after every step, so all of them must be resident at
@@ -485,7 +486,6 @@ def _time_loop_plan(spec, sms):
     program per batch block takes every unit."""
     p2 = launch.next_pow2
     n, h = spec.batch, spec.hidden_size
-    kind = numerics.dot_kind(to_torch(spec.dtype))
     if launch.INTERPRET:
         (bn, bj, bk), warps, splits = (min(p2(n), 64), min(p2(h), 64), min(p2(h), 64)), 4, 1
     else:
@@ -512,7 +512,7 @@ def _states(spec, x, h0, c0, w_ih, w_hh, b_ih, b_hh, xp=None):
     states = launch.empty(spec.out_shape, compute_dtype, x.device)
     if xp is None:
         xp = matrix_product(x, w_ih.transpose(0, 1), out_dtype=compute_dtype)
-    grid, units, options = _time_loop_plan(spec, launch.sm_count(x.device.index))
+    grid, units, options = _time_loop_plan(spec, launch.sm_count(x.device.index), numerics.dot_kind(to_torch(spec.dtype)))
     c0_ = h0 if c0 is None else c0
     launch.launch(_forward_kernel, grid, xp, h0, c0_, w_hh, b_ih, b_hh, states,
                   _step_counters(grid, x.device, states), spec.batch, spec.length, spec.hidden_size, units,
@@ -581,7 +581,7 @@ def _backward(spec, grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     dh0 = launch.empty((n, h), h0.dtype, dev)
     dc0 = launch.empty((n, h), c0.dtype, dev) if c0 is not None else dh0
     c0_ = h0 if c0 is None else c0
-    grid, units, options = _time_loop_plan(spec, launch.sm_count(dev.index))
+    grid, units, options = _time_loop_plan(spec, launch.sm_count(dev.index), numerics.dot_kind(to_torch(spec.dtype)))
     launch.launch(_backward_kernel, grid, xp, h0, c0_, w_hh, b_ih, b_hh, states, grad, dgi, dgh, carry, dh0, dc0,
                   _step_counters(grid, dev, carry), n, length, h, units,
                   h0.stride(0), h0.stride(1), c0_.stride(0), c0_.stride(1), w_hh.stride(0), w_hh.stride(1),

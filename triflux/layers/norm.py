@@ -11,7 +11,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops
 from ..activations import as_activation, identity
-from ..arguments import float_dtype, int_arg, probability_arg
+from ..arguments import float_dtype, int_arg
 from ..devices import as_device
 from ..errors import ArgumentError, ShapeError
 from ..modes import is_active, moving
@@ -46,13 +46,15 @@ class BatchNorm(Layer):
         dtype = float_dtype(dtype, "BatchNorm")
         if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
             raise ArgumentError(f"BatchNorm: eps must be a non-negative finite number, got {eps!r}")
-        eps = float(eps)
+        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not math.isfinite(momentum):
+            # any finite momentum, as torch: outside [0, 1] the running average extrapolates
+            raise ArgumentError(f"BatchNorm: momentum must be a finite number (usually in [0, 1]), got {momentum!r}")
         self.weight = Tensor._from_numpy(np.ones(channels, dtype))
         self.bias = Tensor._from_numpy(np.zeros(channels, dtype))
         self.running_mean = Tensor._from_numpy(np.zeros(channels, dtype))
         self.running_var = Tensor._from_numpy(np.ones(channels, dtype))
         self.activation = as_activation(activation, "BatchNorm")
-        self.eps, self.momentum = eps, probability_arg(momentum, "BatchNorm", "momentum")
+        self.eps, self.momentum = float(eps), float(momentum)
         self.active = None
         if device is not None:
             dev = as_device(device)
