@@ -281,3 +281,20 @@ def test_onehot_on_device():
     assert y.device == d and y.dtype == np.float32
     np.testing.assert_array_equal(losses.onecold(y, ["no", "yes"]), ["yes", "no", "yes"])
     assert losses.onehotbatch([1, 0], 2, device=d).device == d
+
+
+@pytest.mark.parametrize("classes", [None, 2.5, float("nan"), True, 0, -1])
+def test_onehotbatch_names_a_bad_classes_argument(classes):
+    from triflux.errors import ArgumentError
+    with pytest.raises(ArgumentError, match=r"onehotbatch: classes must be a number of classes \(an int >= 1\) "
+                                            r"or a sequence"):
+        tf.onehotbatch([0, 1], classes)
+
+
+def test_loss_device_message_gives_code_that_moves_the_target():
+    from triflux.errors import DeviceMismatchError
+    if not tf.functional("CUDA"):
+        pytest.skip("needs a CUDA device (real, or the interpreter's)")
+    yhat, y = tf.gpu(np.ones((2, 3), np.float32)), tf.cpu(np.ones((2, 3), np.float32))
+    with pytest.raises(DeviceMismatchError, match=r"`gpu\(y\)` moves the target"):
+        tf.losses.mse(yhat, y)

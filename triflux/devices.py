@@ -29,7 +29,14 @@ def supported_devices():
 
 
 def functional(backend_name="CUDA"):
-    """Whether ``backend_name`` can run kernels here."""
+    """Whether ``backend_name`` ("CUDA", "AMDGPU", "Metal" or "CPU", any case)
+    can run kernels here: Flux's ``CUDA.functional()``. The CPU always can;
+    "CUDA" can with an NVIDIA GPU and Triton, or with ``TRITON_INTERPRET=1``
+    (the Triton interpreter on the CPU). ``backend.status(name)`` says why
+    not::
+
+        dev = get_device("CUDA") if functional("CUDA") else cpu_device()
+    """
     return backend.functional(_canonical(backend_name))
 
 

@@ -51,8 +51,15 @@ def children(layer):
 
 
 def fmap(f, x):
-    """Apply ``f`` to every array leaf of ``x``, rebuilding the structure (a
-    structure that contains itself is a ``StructureError``)."""
+    """``x`` rebuilt with ``f`` applied to every array leaf (a Tensor or a
+    NumPy array): Functors.jl's ``fmap``. ``x`` is any structure: a leaf,
+    tuples, lists and dicts of structures, or a layer, which is copied with
+    its children mapped (the original is not changed); anything else (a
+    function, a number) is kept. ``gpu``, ``f32`` and friends are fmaps.
+    A structure that contains itself is a ``StructureError``::
+
+        halved = fmap(lambda t: t * 0.5, model)      # a new model, weights halved
+    """
     return acyclic(lambda v: _fmap(f, v), x, lambda: "fmap")
 
 

@@ -17,15 +17,16 @@ Conventions, as in Flux:
   (``onehotbatch(labels, classes)``).
 """
 import builtins
+import numbers
 
 import numpy as np
 
 from . import dtypes as _dt
 from . import ops
 from .activations import class_axis
-from .arguments import normalize_axis
-from .devices import as_device
-from .errors import DeviceMismatchError, ShapeError
+from .arguments import is_int, normalize_axis
+from .devices import as_device, move_code
+from .errors import ArgumentError, DeviceMismatchError, ShapeError
 from .tensor import Tensor, torch_to_numpy, as_tensor, transfer
 
 __all__ = ["mse", "mae", "crossentropy", "logitcrossentropy", "binarycrossentropy",
@@ -77,7 +78,7 @@ def _check_device(name, yhat, y):
     if y._device is not yhat._device and y._device != yhat._device:
         raise DeviceMismatchError(
             f"`{name}`: the prediction ŷ is on {yhat._device!r} but the target y is on {y._device!r}. "
-            f"Put both on one device: `gpu(y)` / `{yhat._device!r}(y)` moves the target to the prediction's "
+            f"Put both on one device: `{move_code(yhat._device, 'y')}` moves the target to the prediction's "
             "device (move data with the same device object as the model).")
 
 
@@ -221,10 +222,14 @@ def onehotbatch(labels, classes, *, default=None, dtype=_dt.float32, device=None
     The result lives on ``labels``' device when ``labels`` is a Tensor (or on
     ``device`` if given), else on the CPU. Labels of any shape ``S`` give
     ``S + (C,)``."""
-    if isinstance(classes, (int, np.integer)):
+    if is_int(classes):
+        if classes < 1:
+            raise ArgumentError(f"onehotbatch: classes must be a number of classes (an int >= 1) or a sequence "
+                                f"of labels, got {classes!r}")
         classes = range(int(classes))
-    if isinstance(classes, str):
-        classes = list(classes)
+    elif isinstance(classes, (bool, np.bool_, numbers.Number)) or not hasattr(classes, "__iter__"):
+        raise ArgumentError(f"onehotbatch: classes must be a number of classes (an int >= 1) or a sequence of "
+                            f"labels (range(10), ['cat', 'dog']), got {classes!r} ({type(classes).__name__})")
     classes = list(classes)
     if not classes:
         raise ValueError("onehotbatch: `classes` is empty; pass the list of class labels, e.g. range(10)")
