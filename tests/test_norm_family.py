@@ -614,7 +614,7 @@ def test_gpu_split_of_drawn_cases(tiny_gpu_plan):
     from hypothesis import strategies as st
     from triflux.testing import norm as strategies
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
     @given(train=strategies.batchnorm_train_strategy("float64"),
            update=strategies.batchnorm_running_update_strategy("float64"), data=st.data())
     def check(train, update, data):

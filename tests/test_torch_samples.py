@@ -30,7 +30,7 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")
 #: torch's list (max_pool2d has 1,440), and the interpreter's CUDA device, whose kernels
 #: run slowly, takes float32 and bfloat16 (the harness covers the kernels in every dtype)
 FULL = os.environ.get("TRIFLUX_TORCH_SAMPLES", "") == "full"
-MAX_SAMPLES = {"cpu": 48, "cuda": 12}
+MAX_SAMPLES = {"cpu": 48, "cuda": 8}
 KERNEL_DTYPES = DTYPES if FULL else ("float32", "bfloat16")
 
 
