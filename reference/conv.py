@@ -208,8 +208,10 @@ def conv2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), g
     return _conv2d(xc, wc, spec).astype(x.dtype, copy=False)
 
 
-def conv2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
-    """Adjoint of y = conv2d(x, w) with G = dL/dy:
+def conv2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
+                    needs=(True, True)):
+    """Adjoint of y = conv2d(x, w) with G = dL/dy (``needs`` says which of
+    (dx, dw) to compute; the other is None: a first layer's dx nobody uses):
 
         dx[n, c, h, v] = sum_{o, i, j : h + top = p*sh + i*dh, v + left = q*sw + j*dw} G[n, o, p, q] w[o, c', i, j]
                          (conv_transpose2d(G, w), the "full" correlation with the flipped kernel)
@@ -217,9 +219,9 @@ def conv2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilati
     """
     spec = conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, stride, padding, dilation, groups)
     gc, xc, wc = in_compute_dtype(grad, x, w)
-    dx = _conv2d_input_grad(gc, wc, spec)
-    dw = _conv2d_weight_grad(xc, gc, spec)
-    return dx.astype(x.dtype, copy=False), dw.astype(w.dtype, copy=False)
+    dx = _conv2d_input_grad(gc, wc, spec).astype(x.dtype, copy=False) if needs[0] else None
+    dw = _conv2d_weight_grad(xc, gc, spec).astype(w.dtype, copy=False) if needs[1] else None
+    return dx, dw
 
 
 def conv_transpose2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), output_padding=(0, 0),
@@ -241,8 +243,9 @@ def conv_transpose2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), output_p
 
 
 def conv_transpose2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0),
-                              output_padding=(0, 0), dilation=(1, 1), groups=1):
-    """Adjoint of y = conv_transpose2d(x, w) = A_w^T x (A_w: conv2d by w), G = dL/dy:
+                              output_padding=(0, 0), dilation=(1, 1), groups=1, needs=(True, True)):
+    """Adjoint of y = conv_transpose2d(x, w) = A_w^T x (A_w: conv2d by w), G = dL/dy
+    (``needs``: which of (dx, dw) to compute; the other is None):
 
         dx = A_w G = conv2d(G, w)                       (the same stride, padding, ...)
         dw = conv2d's weight gradient with input G and output gradient x:
@@ -255,11 +258,12 @@ def conv_transpose2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 
     # rows/columns that no input position reaches: conv2d(G) then has spec.extra
     # more positions, which are cut off (dx) or met by zero gradients (dw).
     H, W = x.shape[2:]
-    dx = _conv2d(gc, wc, spec.adjoint)[:, :, :H, :W]
+    dx = _conv2d(gc, wc, spec.adjoint)[:, :, :H, :W].astype(x.dtype, copy=False) if needs[0] else None
+    if not needs[1]:
+        return dx, None
     if spec.extra != (0, 0):
         xc = np.pad(xc, ((0, 0), (0, 0), (0, spec.extra[0]), (0, spec.extra[1])))
-    dw = _conv2d_weight_grad(gc, xc, spec.adjoint)
-    return dx.astype(x.dtype, copy=False), dw.astype(w.dtype, copy=False)
+    return dx, _conv2d_weight_grad(gc, xc, spec.adjoint).astype(w.dtype, copy=False)
 
 
 # --- conv2d with bias and activation fused (one primitive) -----------------------------------
@@ -284,8 +288,9 @@ def conv2d_bias_act_forward(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilati
 
 
 def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                             groups=1, activation="identity"):
-    """Adjoint of y = act(conv2d(x, w) + b) with G = dL/dy, from the output y:
+                             groups=1, activation="identity", needs=(True, True, True)):
+    """Adjoint of y = act(conv2d(x, w) + b) with G = dL/dy, from the output y
+    (``needs``: which of (dx, dw, db) to compute; the others are None):
 
         gz[n, o, p, q] = G[n, o, p, q] * act'(y[n, o, p, q])
                          (identity: 1; relu: [not y <= 0]; sigmoid: y (1 - y); tanh: 1 - y^2)
@@ -296,6 +301,7 @@ def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0
                                 stride, padding, dilation, groups, activation)
     xc, wc, g, y = in_compute_dtype(x, w, grad, out)
     gz = through_activation(g, y, activation)
-    db = gz.sum(axis=(0, 2, 3))
-    dx, dw = _conv2d_input_grad(gz, wc, spec), _conv2d_weight_grad(xc, gz, spec)
-    return dx.astype(x.dtype, copy=False), dw.astype(w.dtype, copy=False), db.astype(np.asarray(b).dtype, copy=False)
+    db = gz.sum(axis=(0, 2, 3)).astype(np.asarray(b).dtype, copy=False) if needs[2] else None
+    dx = _conv2d_input_grad(gz, wc, spec).astype(x.dtype, copy=False) if needs[0] else None
+    dw = _conv2d_weight_grad(xc, gz, spec).astype(w.dtype, copy=False) if needs[1] else None
+    return dx, dw, db

@@ -566,3 +566,57 @@ def test_ops_conv2d_bias_act_checks_and_matches_the_unfused_ops():
         ops.conv2d_bias_act(x, w, tf.tensor(np.zeros(4, dtype=np.float32)), groups=2)
     with pytest.raises(ShapeError, match="input channels"):
         ops.conv2d_bias_act(x, w, b)
+
+
+#: (primitive, inputs' shapes, attrs) for the partial backward: only the gradients asked for
+PARTIAL_CASES = [
+    ("conv2d", ((2, 3, 7, 6), (4, 3, 3, 3)), dict(stride=(1, 1), padding=(1, 1, 1, 1))),
+    ("conv_transpose2d", ((2, 4, 5, 4), (4, 3, 2, 2)), dict(stride=(2, 2))),
+    ("conv2d_bias_act", ((2, 3, 7, 6), (4, 3, 3, 3), (4,)), dict(padding=(1, 1, 1, 1), activation="relu")),
+]
+
+
+@pytest.mark.parametrize("name,shapes,attrs", PARTIAL_CASES, ids=[c[0] for c in PARTIAL_CASES])
+def test_partial_backward_computes_only_what_is_needed(name, shapes, attrs):
+    """Declared partial_backward: given ``needs``, the reference and the kernel
+    return None for a gradient nobody needs (a first layer's input gradient)
+    and the same values as the full backward for the others."""
+    inputs = [_rand(s, 30 + i) for i, s in enumerate(shapes)]
+    sides = [(getattr(ref, f"{name}_forward"), getattr(ref, f"{name}_backward"), lambda a: a, lambda a: a)]
+    if backend.functional("CUDA"):
+        kc, dev = _kernels()
+        sides.append((getattr(kc, f"{name}_forward"), getattr(kc, f"{name}_backward"),
+                      lambda a: torch.tensor(a).to(dev), lambda t: t.detach().to("cpu").numpy()))
+    for forward, backward, to, back in sides:
+        xs = [to(a) for a in inputs]
+        y = forward(*xs, **attrs)
+        g = to(_rand(tuple(y.shape), 40))
+        full = backward(g, y, *xs, **attrs)
+        for i in range(len(inputs)):
+            needs = tuple(j != i for j in range(len(inputs)))
+            part = backward(g, y, *xs, **attrs, needs=needs)
+            assert part[i] is None, f"{name}: gradient {i} computed though not needed"
+            for j in range(len(inputs)):
+                if j != i:
+                    np.testing.assert_array_equal(back(part[j]), back(full[j]), err_msg=f"{name} gradient {j}")
+
+
+@needs_kernels
+def test_a_training_step_skips_the_input_gradient_of_the_first_layer(monkeypatch):
+    """The images are not trained: the first conv's backward launches no input
+    gradient (one gather fewer per step, the largest-resolution one)."""
+    import triflux as tf
+    from triflux.triton_kernels import launch
+    dev = tf.CUDADevice(0)
+    model = dev(tf.Chain(tf.Conv((3, 3), 3, 4, tf.relu, pad=1), tf.Conv((3, 3), 4, 2, pad=1)))
+    x = dev(_rand((2, 3, 6, 6), 50).astype(np.float32))
+    gathers, real = [], launch.launch
+
+    def recording(kernel, grid, *args, **meta):
+        if kernel.__name__ == "_gather_conv_kernel":
+            gathers.append(meta["TRANSPOSED"])
+        return real(kernel, grid, *args, **meta)
+    monkeypatch.setattr(launch, "launch", recording)
+    tf.gradient(lambda m: (m(x) ** 2).sum(), model)
+    # forward: two plain gathers; backward: the second layer's input gradient only
+    assert gathers == [False, False, True], gathers

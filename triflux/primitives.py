@@ -80,14 +80,17 @@ register("rmsprop_update", "optimise", differentiable=False, foreach=True, mutat
 
 # --- convolution: NCHW inputs, PyTorch weight layouts -----------------------------------------
 register("conv2d", "conv", accumulates=True, multilinear_forward=True, multilinear_backward=True,
+         partial_backward=True,
          doc="inputs: x (N, C, H, W), w (O, C/groups, kh, kw); attrs: stride (sh, sw), "
              "padding (top, bottom, left, right), dilation (dh, dw), groups. Cross-correlation, as torch.")
 register("conv2d_bias_act", "conv", accumulates=True, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
+         partial_backward=True,
          doc="inputs: x (N, C, H, W), w (O, C/groups, kh, kw), b (O,); attrs: stride, padding (top, bottom, "
              "left, right), dilation, groups, activation (one of fusable_activations: those whose "
              "derivative is a function of their output). y = act(conv2d(x, w) + b[o]), fused; the "
              "backward uses only the output y.")
 register("conv_transpose2d", "conv", accumulates=True, multilinear_forward=True, multilinear_backward=True,
+         partial_backward=True,
          doc="inputs: x (N, C, H, W), w (C, O/groups, kh, kw); attrs: stride, padding (top, bottom, left, "
              "right), output_padding (oh, ow), dilation, groups. The adjoint of conv2d, as torch.")
 

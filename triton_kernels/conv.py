@@ -488,12 +488,13 @@ def conv2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), g
     return _conv2d(x, w, spec)
 
 
-def conv2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
+def conv2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
+                    needs=(True, True)):
     """dx = the transposed-conv gather of G with w; dw = the reduction of G x
-    im2col(x) over N x Ho x Wo (see the reference)."""
+    im2col(x) over N x Ho x Wo (see the reference); only those in ``needs``."""
     spec = conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, stride, padding, dilation, groups)
-    dx = _conv2d_input_grad(grad, w, spec, x.dtype)
-    dw = _conv2d_weight_grad(x, grad, spec, w.dtype)
+    dx = _conv2d_input_grad(grad, w, spec, x.dtype) if needs[0] else None
+    dw = _conv2d_weight_grad(x, grad, spec, w.dtype) if needs[1] else None
     return dx, dw
 
 
@@ -507,16 +508,21 @@ def conv_transpose2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), output_p
 
 
 def conv_transpose2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0),
-                              output_padding=(0, 0), dilation=(1, 1), groups=1):
-    """dx = conv2d(G, w); dw = conv2d's weight gradient with input G and output gradient x."""
+                              output_padding=(0, 0), dilation=(1, 1), groups=1, needs=(True, True)):
+    """dx = conv2d(G, w); dw = conv2d's weight gradient with input G and output
+    gradient x; only those in ``needs``."""
     spec = conv_transpose2d_spec(x.shape, w.shape, x.dtype, w.dtype, stride, padding, output_padding, dilation,
                                  groups)
     # output_padding of a stride or more adds positions no input reaches (see the reference)
     H, W = x.shape[2:]
-    if x.numel() == 0:
+    if not needs[0]:
+        dx = None
+    elif x.numel() == 0:
         dx = launch.empty(tuple(x.shape), x.dtype, x.device)
     else:
         dx = copy.contiguous(_conv2d(grad, w, spec.adjoint)[:, :, :H, :W])
+    if not needs[1]:
+        return dx, None
     if spec.extra != (0, 0):
         padded = copy.full((x.shape[0], x.shape[1], H + spec.extra[0], W + spec.extra[1]), 0, x.dtype, x.device)
         copy.copy_into(padded[:, :, :H, :W], x)
@@ -583,11 +589,12 @@ def conv2d_bias_act_forward(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilati
 
 
 def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                             groups=1, activation="identity"):
+                             groups=1, activation="identity", needs=(True, True, True)):
     """gz = G * act'(y) and db = sum_{n, p, q} gz in one kernel (from the output
-    y alone), then conv2d's input- and weight-gradient kernels on gz."""
+    y alone), then conv2d's input- and weight-gradient kernels on gz (those in
+    ``needs``; db comes with gz whether needed or not)."""
     spec = _bias_act_spec(x, w, b, stride, padding, dilation, groups, activation)
     gz, db = _act_grad_and_bias_grad(grad, out, b, ACTIVATION_CODES[activation])
-    dx = _conv2d_input_grad(gz, w, spec, x.dtype)
-    dw = _conv2d_weight_grad(x, gz, spec, w.dtype)
-    return dx, dw, db
+    dx = _conv2d_input_grad(gz, w, spec, x.dtype) if needs[0] else None
+    dw = _conv2d_weight_grad(x, gz, spec, w.dtype) if needs[1] else None
+    return dx, dw, db if needs[2] else None
