@@ -13,17 +13,22 @@ Everything runs on this CPU, no GPU needed:
    a 2x2 ``matmul``, ``sum``) and for one training step of ``UNet(3, 2)``
    (its defaults) at batch 4, 64x64, float32 (forward, gradient, Adam),
    divided by the step's launch count.
+   The same step captured (``tf.capture_step``): recorded on two steps,
+   then replayed, with the prepared launches no-op'd
+   (``triflux.triton_kernels.launch.prepare`` replaced by a counter).
 3. The launch itself, which no-op'd kernels leave out: Triton's generic
    ``kernel[grid](*args, **meta)`` (bind, specialize, look up, run) against
-   triflux's :class:`DirectLauncher` on a repeat launch, both on a real
-   JITFunction of the binary elementwise kernel (the arguments of ``x + y``)
-   with a stand-in driver and a compiled kernel whose launcher does nothing
-   (Triton's compile step replaced), so only the Python of each path is timed.
+   triflux's :class:`DirectLauncher` on a repeat launch, and a captured
+   step's prepared launch (the compiled kernel's launcher with its
+   arguments bound), all on a real JITFunction of the binary elementwise
+   kernel (the arguments of ``x + y``) with a stand-in driver and a
+   compiled kernel whose launcher does nothing (Triton's compile step
+   replaced), so only the Python of each path is timed.
 
 Each figure is the median of ``--repeats`` rounds (the spread is printed), the
 rounds of all figures interleaved so that they share the machine's state.
 
-    .venv/bin/python perf/host_cost.py [--repeats 7] [--no-unet] [--no-launcher] [--profile unet|tiny]
+    .venv/bin/python perf/host_cost.py [--repeats 7] [--no-unet] [--no-launcher] [--profile unet|captured|tiny]
 """
 import argparse
 import os
@@ -38,15 +43,27 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import triflux as tf  # noqa: E402
-from triflux import benchmarks  # noqa: E402
+from triflux import benchmarks, losses, models, recording  # noqa: E402
 from triflux.triton_kernels import launch as kernel_launch  # noqa: E402
 
 LAUNCHES = [0]
 
 
 def _no_op_launch(kernel, grid, *args, **meta):
-    """``launch`` with the kernel not run: counts the launch and returns."""
+    """``launch`` with the kernel not run: counts the launch (and records it
+    inside a recorded step) and returns."""
     LAUNCHES[0] += 1
+    if recording.ACTIVE is not None:
+        recording.note_launch(kernel, grid, args, meta, None)
+
+
+def _count_launch():
+    LAUNCHES[0] += 1
+
+
+def _no_op_prepare(kernel, grid, args, meta, compiled):
+    """``prepare`` with the kernel not run: a repeated launch only counts."""
+    return _count_launch
 
 
 def _per_call(fn, calls, warm=0):
@@ -81,6 +98,20 @@ def triflux_tiny_ops():
 
 def unet_step():
     return benchmarks.triflux_unet_step(benchmarks.UNET, device="cuda")
+
+
+def captured_unet_step():
+    """The same step (model, data, loss, Adam) as ``train``'s step captured
+    with ``tf.capture_step``: recorded twice here, replayed when timed."""
+    cfg = benchmarks.UNET
+    dev = tf.CUDADevice(0)
+    model = dev(models.UNet(cfg["in_channels"], cfg["classes"], depth=cfg["depth"], base_channels=cfg["base"]))
+    opt = tf.setup(tf.Adam(1e-3), model)
+    x, y = (dev(a.astype(np.float32)) for a in benchmarks.unet_data(cfg))
+    step = tf.capture_step(lambda m, x, y: losses.logitcrossentropy(m(x), y, dims=1), model, opt)
+    step(x, y)
+    step(x, y)
+    return lambda: step(x, y)
 
 
 def launchers():
@@ -132,10 +163,11 @@ def launchers():
     fast = lambda: direct(kernel, grid, args, meta)          # noqa: E731
     generic()
     fast()
+    prepared = direct.bound(kernel, grid, args, meta, compiled)
 
     def undo():
         driver._active = saved
-    return generic, fast, undo
+    return generic, fast, prepared, undo
 
 
 def measure(repeats, with_unet, with_launcher):
@@ -145,11 +177,13 @@ def measure(repeats, with_unet, with_launcher):
         # one untimed step per round: the first step after the tiny ops' loops runs ~1.3x slower
         # (caches and allocator), which is not the steady state being measured
         cases["triflux UNet(3, 2) step"] = (unet_step(), 3, 1)
+        cases["triflux UNet(3, 2) step, captured (replayed)"] = (captured_unet_step(), 3, 1)
     undo = None
     if with_launcher:
-        generic, fast, undo = launchers()
+        generic, fast, prepared, undo = launchers()
         cases["Triton kernel[grid](...), x + y's kernel"] = (generic, 2000, 0)
         cases["DirectLauncher, repeat launch"] = (fast, 2000, 0)
+        cases["prepared launch, replayed (captured step)"] = (prepared, 20000, 0)
     for fn, _, _ in cases.values():    # warm-up: caches, first allocations
         fn()
     rounds = {k: [] for k in cases}
@@ -186,6 +220,8 @@ def profile(what):
     import pstats
     if what == "unet":
         fn, calls = unet_step(), 3
+    elif what == "captured":
+        fn, calls = captured_unet_step(), 20
     else:
         fns = triflux_tiny_ops()
         calls = 3000
@@ -204,10 +240,11 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--no-unet", action="store_true", help="tiny ops only (the UNet step takes a few seconds)")
     p.add_argument("--no-launcher", action="store_true", help="leave out Triton's and the direct launcher")
-    p.add_argument("--profile", choices=["unet", "tiny"], help="print a cProfile of the no-op'd workload instead")
+    p.add_argument("--profile", choices=["unet", "captured", "tiny"], help="print a cProfile of the no-op'd workload instead")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     kernel_launch.launch = _no_op_launch
+    kernel_launch.prepare = _no_op_prepare
     if args.profile:
         profile(args.profile)
         return 0

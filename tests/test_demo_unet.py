@@ -39,13 +39,13 @@ INTERRUPTED_AT = """
 import os, signal, sys
 from triflux import optimise
 from triflux.__main__ import main
-update, steps = optimise.update, [0]
+apply_update, steps = optimise.apply_update, [0]
 def interrupting_update(*args, **kwargs):
     steps[0] += 1
     if steps[0] == {step}:
         os.kill(os.getpid(), signal.SIGINT)
-    return update(*args, **kwargs)
-optimise.update = interrupting_update
+    return apply_update(*args, **kwargs)
+optimise.apply_update = interrupting_update
 sys.exit(main(['demo', 'unet', *{argv!r}]))
 """
 

@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 import triflux as tf  # noqa: E402
-from triflux import losses, models, optimise  # noqa: E402
+from triflux import losses, models, optimise, recording  # noqa: E402
 from triflux.triton_kernels import launch  # noqa: E402
 
 
@@ -403,6 +403,51 @@ def test_launch_goes_through_the_direct_launcher_on_the_tensors_gpu(monkeypatch)
         launch.launch(kernel, (2,), x, y, 3, 0.5, BLOCK_SIZE=128)
     assert seen == [("enter", 1), ("exit", 1)] * 2
     assert [e[0] for e in log] == ["generic", "direct", "generic", "direct"] and log[3][4] == "stream-0"
+
+
+# --- recorded launches, prepared and repeated (triflux.capture) ---------------------------------------
+
+def test_a_recorded_launch_is_prepared_as_the_compiled_kernels_own_call(monkeypatch):
+    """On a real GPU a prepared launch calls the compiled kernel's launcher
+    with the grid, the stream current when prepared and every parameter's
+    value, none of the binder or the key; an ineligible one (a grid
+    function, a compiled kernel of another kind) goes Triton's way."""
+    direct, kernel, log, _, state = make()
+    monkeypatch.setattr(launch, "_DIRECT", direct)
+    x, y = tensors()
+    recorded = recording.Recording()
+    with recorded.phase("step"):
+        launch.launch(kernel, (4, 2), x, y, 100, 0.5, BLOCK_SIZE=128, num_warps=4)
+    (entry,) = recorded.launches
+    assert entry[:4] == (kernel, (4, 2), (x, y, 100, 0.5), {"BLOCK_SIZE": 128, "num_warps": 4})
+    run = launch.prepare(*entry)
+    state.device = 1                     # the stream was taken when prepared
+    log.clear()
+    run()
+    run()
+    assert log == [("direct", 4, 2, 1, "stream-0", "cu-function", ("packed",), None, kernel_hooks(direct)[0],
+                    kernel_hooks(direct)[1], x, y, 100, 0.5, 128, "relu")] * 2
+    assert direct.direct_launches == 0   # nothing of __call__ ran
+    log.clear()
+    grid_function = launch.prepare(kernel, lambda meta: (1,), entry[2], entry[3], entry[4])
+    other_kind = launch.prepare(kernel, (4, 2), entry[2], entry[3], object())
+    grid_function()
+    other_kind()
+    assert [e[0] for e in log] == ["generic", "generic"]
+
+
+def test_prepared_launch_failures_are_triflux_errors(monkeypatch):
+    direct, kernel, log, _, _ = make()
+    monkeypatch.setattr(launch, "_DIRECT", direct)
+    x, y = tensors()
+    compiled = launch.launch(kernel, (1,), x, y, 3, 0.5, BLOCK_SIZE=128)
+    run = launch.prepare(kernel, (1,), (x, y, 3, 0.5), {"BLOCK_SIZE": 128}, compiled)
+    compiled.fail = RuntimeError("CUDA error: out of memory")
+    with pytest.raises(tf.errors.OutOfMemoryError):
+        launch.run_prepared([run], (x, y))
+    compiled.fail = RuntimeError("an unrelated failure")
+    with pytest.raises(RuntimeError, match="unrelated"):
+        launch.run_prepared([run], (x, y))
 
 
 def test_launch_errors_are_translated_on_the_direct_path(monkeypatch):

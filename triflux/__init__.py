@@ -38,9 +38,10 @@ from .memory import memory_status, MemoryStatus  # noqa: E402
 from .precision import f32, f64, f16, bf16  # noqa: E402
 from .matmul_precision import set_matmul_precision, get_matmul_precision  # noqa: E402
 from .modes import trainmode, testmode  # noqa: E402
+from .capture import CapturedStep  # noqa: E402
 from . import losses, optimise, persistence  # noqa: E402
 from .losses import onehotbatch, onecold  # noqa: E402
-from .optimise import (setup, update, train, adjust, trainables, Descent, Momentum, Nesterov, Adam,  # noqa: E402
+from .optimise import (setup, update, train, capture_step, adjust, trainables, Descent, Momentum, Nesterov, Adam,  # noqa: E402
                        AdamW, RMSProp, MixedPrecision)
 from .persistence import state, loadmodel  # noqa: E402
 from .serialization import save, load, save_model, load_model  # noqa: E402

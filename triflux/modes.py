@@ -61,14 +61,15 @@ def is_active(layer):
 def all_or_nothing():
     """A block in which state moved through :func:`moving` replaces the
     originals if the block completes and is dropped if it raises. A block
-    inside another is part of the outer one."""
+    inside another is part of the outer one. Yields the moved state so far,
+    ``{id(original): (original, moved)}`` (the outer block's, inside one)."""
     global _STAGED
     if _STAGED is not None:
-        yield
+        yield _STAGED
         return
     _STAGED = block = {}
     try:
-        yield
+        yield block
     finally:
         _STAGED = None
     for original, moved in block.values():   # only reached when the block completed

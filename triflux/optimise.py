@@ -32,14 +32,17 @@ a :class:`Leaf` at each trainable array and ``None`` elsewhere. Leaves are
 dicts, so ``gpu(opt_state)`` / ``cpu(opt_state)`` move optimiser state
 like any other structure, and ``state`` / ``loadmodel`` save and restore it.
 """
+import contextlib
 import math
 import warnings
+from functools import partial
 
 import numpy as np
 
 from . import dtypes as _dt
 from . import ops
 from .autodiff import LEFT_THE_TAPE, differentiate
+from .capture import CapturedStep, eager_phase
 from .constructors import zeros_like
 from .devices import move_code
 from .dispatch import implementation
@@ -50,7 +53,8 @@ from .primitives import REGISTRY
 from .tensor import Tensor, as_tensor
 
 __all__ = ["Descent", "Momentum", "Nesterov", "Adam", "AdamW", "RMSProp", "Leaf", "Rule",
-           "MixedPrecision", "MixedPrecisionState", "setup", "update", "adjust", "train", "trainables", "RULES"]
+           "MixedPrecision", "MixedPrecisionState", "setup", "update", "adjust", "train", "trainables", "RULES",
+           "capture_step", "train_step", "prepare_update", "apply_update"]
 
 
 # --- rules ------------------------------------------------------------------------------------
@@ -752,23 +756,38 @@ def update(opt_state, model, grad):
                         f"not the rule {opt_state!r}")
     if isinstance(opt_state, MixedPrecisionState):
         return _update_mixed(opt_state, model, grad)
+    apply_update(prepare_update(opt_state, model, grad))
+    return opt_state, model
+
+
+def prepare_update(opt_state, model, grad):
+    """Everything ``update`` does before a parameter moves: the checks, and
+    each gradient converted to its parameter's dtype (which allocates, so
+    running out of memory here changes nothing). The list of ``(leaf,
+    parameter, gradient)`` that :func:`apply_update` steps."""
     plan = _collect(opt_state, model, grad)
     if any(isinstance(leaf.rule, MixedPrecision) for leaf, _, _ in plan):
         raise StructureError("update: this optimiser state tree holds MixedPrecision leaves; pass the whole "
                              "state `setup(MixedPrecision(rule), model)` returned (it holds the loss scale)")
-    # every gradient is converted (which allocates) before any parameter moves, so running
-    # out of memory here leaves the whole model and state as they were
-    _step_together([(leaf, x, _fit_gradient(x, g)) for leaf, x, g in plan])
-    return opt_state, model
+    return [(leaf, x, _fit_gradient(x, g)) for leaf, x, g in plan]
+
+
+def apply_update(plan):
+    """Step every ``(leaf, parameter, gradient)`` of ``plan`` (from
+    :func:`prepare_update`) with its leaf's rule as it is now."""
+    _step_together(plan)
 
 
 def _step_together(plan):
     """Step every ``(leaf, parameter, gradient)`` of ``plan``: one
     ``step_all`` per rule, which launches once per device and dtype for all
     its parameters (and allocates its small table of them before it does)."""
-    by_rule = {}
+    by_object = {}     # grouped by identity first: a rule's hash builds its hyperparameters
     for entry in plan:
-        by_rule.setdefault(entry[0].rule, []).append(entry)
+        by_object.setdefault(id(entry[0].rule), []).append(entry)
+    by_rule = {}
+    for entries in by_object.values():
+        by_rule.setdefault(entries[0][0].rule, []).extend(entries)
     for rule, entries in by_rule.items():
         states = rule.step_all([x for _, x, _ in entries], [g for _, _, g in entries],
                                [leaf.state for leaf, _, _ in entries])
@@ -955,7 +974,19 @@ def _learns_nothing(model, batch):
             + LEFT_THE_TAPE)
 
 
-def train(loss, model, data, opt_state, *, progress=False):
+@contextlib.contextmanager
+def _naming_what_cannot_learn(model, index):
+    """A GradientError inside becomes train's message when the model has no
+    trainable parameter at all (nothing to differentiate)."""
+    try:
+        yield
+    except GradientError:
+        if not trainables(model):
+            raise GradientError(_learns_nothing(model, index)) from None
+        raise
+
+
+def train(loss, model, data, opt_state, *, progress=False, capture=False):
     """One epoch (Flux's ``train!``): for each ``batch`` in ``data``, compute
     ``loss(model, *batch)`` (a tuple batch is splatted; anything else is
     passed whole, ``loss(model, batch)``) and its gradient with respect to
@@ -971,8 +1002,11 @@ def train(loss, model, data, opt_state, *, progress=False):
     depend on any trainable parameter (every gradient None: it went through
     ``.numpy()`` or ``float(...)``, say) stops it with ``GradientError``.
     ``progress=True``
-    shows a tqdm bar when tqdm is installed. Returns the list of losses (as
-    Python floats), one per batch."""
+    shows a tqdm bar when tqdm is installed. ``capture=True`` records the
+    step on the first two batches of each shape and replays its kernel
+    launches after (:func:`capture_step`; on a GPU, a step's host cost
+    without the Python per launch; the same results). Returns the list of
+    losses (as Python floats), one per batch."""
     if isinstance(opt_state, Rule):
         raise TypeError(f"train(loss, model, data, opt_state): pass `setup({opt_state!r}, model)`, "
                         "not the rule itself (Flux's `opt_state = Flux.setup(rule, model)`)")
@@ -985,28 +1019,57 @@ def train(loss, model, data, opt_state, *, progress=False):
                           stacklevel=2)
         else:
             it = tqdm(data, desc="train", leave=False)
+    step = capture_step(loss, model, opt_state, name="train") if capture else None
     losses = []
-    mixed = isinstance(opt_state, MixedPrecisionState)
     for i, batch in enumerate(it):
-        args = tuple(batch) if isinstance(batch, tuple) else (batch,)
-        with all_or_nothing():   # a step that raises leaves the running statistics too as they were
-            if mixed:  # differentiate the scaled loss; report the loss itself
-                scale = opt_state.loss_scale
-                value, grads, _ = differentiate(lambda m, *a: opt_state.scale(loss(m, *a)), (model,) + args,
-                                                "train")
-                v = float(value.item()) / scale
-            else:
-                value, grads, _ = differentiate(loss, (model,) + args, "train")
-                v = float(value.item())
-            if not math.isfinite(v):
-                raise NonFiniteError(
-                    f"train: the loss is {v} on batch {i} (0-based), stopping training; the model was not "
-                    "updated with this batch. Check the data for NaN/Inf, lower the learning rate, or use a "
-                    "stabler loss (e.g. logitcrossentropy on logits instead of crossentropy on softmax).")
-            if not holds_arrays(grads[0]):
-                raise GradientError(_learns_nothing(model, i))
-            update(opt_state, model, grads[0])
+        v = step.run(batch, i) if capture else train_step(loss, model, opt_state, batch, i)
         losses.append(v)
         if progress and hasattr(it, "set_postfix"):
             it.set_postfix(loss=f"{v:.4g}")
     return losses
+
+
+def capture_step(loss, model, opt_state, *, name="capture_step"):
+    """:func:`train`'s step, recorded on its first two calls and replayed
+    after (:class:`triflux.capture.CapturedStep`): ``step = capture_step(loss,
+    model, opt_state)``, then ``step(x, y)`` per batch returns the loss as a
+    float, as one step of ``train`` would, with the same checks and the
+    same all-or-nothing guarantee. On a GPU the replay repeats the recorded
+    kernel launches without the Python that made them; on the CPU (or for a
+    step that cannot be replayed, with a warning saying why) it runs
+    eagerly. ``train(..., capture=True)`` uses one for the epoch."""
+    if isinstance(opt_state, Rule):
+        raise TypeError(f"{name}(loss, model, opt_state): pass `setup({opt_state!r}, model)`, not the rule itself")
+    return CapturedStep(partial(train_step, loss, model, opt_state), (model, opt_state), name=name)
+
+
+def train_step(loss, model, opt_state, batch, index=0, phase=eager_phase):
+    """One step of :func:`train` on ``batch`` (number ``index`` of the
+    epoch, for messages): the loss and its gradient, the checks, the update,
+    all or nothing. Returns the loss as a Python float. The device work is
+    in two phases, ``phase("gradient", ...)`` and ``phase("update", ...)``,
+    which ``triflux.capture`` records and replays."""
+    # the gradient is the model's only (as Flux's train!): none is computed for the data
+    args = tuple(as_tensor(a) if isinstance(a, np.ndarray) else a
+                 for a in (batch if isinstance(batch, tuple) else (batch,)))
+    with all_or_nothing(), _naming_what_cannot_learn(model, index):   # a step that raises leaves the running statistics too as they were
+        if isinstance(opt_state, MixedPrecisionState):   # differentiate the scaled loss; report the loss itself
+            scale = opt_state.loss_scale
+            value, grads, _ = phase("gradient", differentiate,
+                                    lambda m: opt_state.scale(loss(m, *args)), (model,), "train")
+            v = float(value.item()) / scale
+        else:
+            value, grads, _ = phase("gradient", differentiate, lambda m: loss(m, *args), (model,), "train")
+            v = float(value.item())
+        if not math.isfinite(v):
+            raise NonFiniteError(
+                f"train: the loss is {v} on batch {index} (0-based), stopping training; the model was not "
+                "updated with this batch. Check the data for NaN/Inf, lower the learning rate, or use a "
+                "stabler loss (e.g. logitcrossentropy on logits instead of crossentropy on softmax).")
+        if not holds_arrays(grads[0]):
+            raise GradientError(_learns_nothing(model, index))
+        if isinstance(opt_state, MixedPrecisionState):
+            phase("update", update, opt_state, model, grads[0])
+        else:
+            apply_update(phase("update", prepare_update, opt_state, model, grads[0]))
+    return v

@@ -13,7 +13,7 @@ dtypes and shapes before anything runs.
 import numpy as np
 
 from . import dtypes as _dt
-from . import memory
+from . import memory, recording
 from .devices import CPU, as_device
 from .errors import DTypeError, DeviceMismatchError
 
@@ -220,6 +220,8 @@ class Tensor:
 def torch_to_numpy(t):
     """A NumPy copy of the torch tensor ``t``, from any device (bfloat16 as ml_dtypes' bfloat16)."""
     import torch
+    if recording.ACTIVE is not None:
+        recording.note_host_read(t)
     t = t.detach()
     if t.device.type != "cpu":
         t = t.to("cpu")
@@ -262,7 +264,11 @@ def transfer(t, device):
         return Tensor._make(torch_to_numpy(t._data), CPU)
     tdev = device.torch_device
     if src.is_cpu:
+        if recording.ACTIVE is not None:
+            recording.note_upload(t._data)
         return Tensor._make(numpy_to_torch(t._data, tdev), device)
+    if recording.ACTIVE is not None:
+        recording.note_device_copy(t._data, tdev)
     return Tensor._make(_copy_to(t._data, tdev), device)
 
 

@@ -9,14 +9,15 @@ On a real GPU, ``launch`` sends repeat launches of a kernel specialization
 straight to the compiled kernel (:class:`DirectLauncher`), skipping Triton's
 generic argument binder; the interpreter launches as ``kernel[grid](...)``.
 """
-from functools import lru_cache
+from contextlib import nullcontext
+from functools import lru_cache, partial
 from itertools import compress, repeat
 from operator import and_, attrgetter
 
 import torch
 import triton.language as tl
 
-from triflux import backend
+from triflux import backend, recording
 from triflux.errors import NoGPUError
 from triflux.gpus import ASSUMED_GPU, GPUS, SATURATING_WARPS
 from triflux.memory import is_out_of_memory, out_of_memory
@@ -111,26 +112,74 @@ def _gpu_index(args):
 def launch(kernel, grid, *args, **meta):
     """``kernel[grid](*args, **meta)`` on the GPU that holds the tensor
     arguments (with several GPUs), with backend failures made readable.
-    On a real GPU a repeat launch goes straight to the compiled kernel."""
+    On a real GPU a repeat launch goes straight to the compiled kernel.
+    Inside a step being recorded (``triflux.recording``) the launch is
+    written down as well."""
     run = _direct_launcher() or _generic_launch
     try:
         if _MULTI_GPU or (_MULTI_GPU is None and _multi_gpu()):
             idx = _gpu_index(args)
             if idx is not None and idx != torch.cuda.current_device():
                 with torch.cuda.device(idx):
-                    return run(kernel, grid, args, meta)
-        return run(kernel, grid, args, meta)
+                    compiled = run(kernel, grid, args, meta)
+            else:
+                compiled = run(kernel, grid, args, meta)
+        else:
+            compiled = run(kernel, grid, args, meta)
     except RuntimeError as e:
-        msg = str(e)
-        if "active drivers" in msg or "no CUDA-capable device" in msg or "driver" in msg.lower() and "found" in msg.lower():
-            raise NoGPUError(
-                "no GPU backend is functional here (Triton found no GPU driver). "
-                "Use the CPU device (`cpu(x)`), or set TRITON_INTERPRET=1 before importing "
-                "triflux to run the kernels in the Triton interpreter.") from None
-        if is_out_of_memory(e):
-            idx = _gpu_index(args)
-            raise out_of_memory(e, device=None if idx is None else torch.device("cuda", idx)) from None
-        raise
+        raise readable_failure(e, args) from None
+    if recording.ACTIVE is not None:
+        recording.note_launch(kernel, grid, args, meta, compiled)
+    return compiled
+
+
+def readable_failure(error, args):
+    """The triflux error for a backend failure ``error`` of a launch with
+    ``args`` (no GPU driver, out of memory), or ``error`` itself."""
+    msg = str(error)
+    if "active drivers" in msg or "no CUDA-capable device" in msg or "driver" in msg.lower() and "found" in msg.lower():
+        return NoGPUError(
+            "no GPU backend is functional here (Triton found no GPU driver). "
+            "Use the CPU device (`cpu(x)`), or set TRITON_INTERPRET=1 before importing "
+            "triflux to run the kernels in the Triton interpreter.")
+    if is_out_of_memory(error):
+        idx = _gpu_index(args)
+        return out_of_memory(error, device=None if idx is None else torch.device("cuda", idx))
+    return error
+
+
+# --- recorded launches, repeated (triflux.capture) ---------------------------------------------
+
+def prepare(kernel, grid, args, meta, compiled):
+    """The recorded launch ``kernel[grid](*args, **meta)`` (which returned
+    ``compiled``) as a callable of no arguments that repeats it: on a real
+    GPU the compiled kernel's own launcher with every value bound (none of
+    Triton's binder, specializer or cache lookup runs again, nor this
+    module's key); elsewhere Triton's way. Prepare on the GPU the launch
+    runs on (``on_gpu_of``): the stream is that device's current one."""
+    direct = _direct_launcher()
+    bound = direct.bound(kernel, grid, args, meta, compiled) if direct else None
+    return bound or partial(_generic_launch, kernel, grid, args, meta)
+
+
+def on_gpu_of(args):
+    """A context in which the current GPU is the one holding the first tensor of ``args``."""
+    if _MULTI_GPU or (_MULTI_GPU is None and _multi_gpu()):
+        idx = _gpu_index(args)
+        if idx is not None and idx != torch.cuda.current_device():
+            return torch.cuda.device(idx)
+    return nullcontext()
+
+
+def run_prepared(runs, args):
+    """Call every prepared launch of ``runs`` in order (on the GPU of the
+    tensors among ``args``), with backend failures made readable."""
+    try:
+        with on_gpu_of(args):
+            for run in runs:
+                run()
+    except RuntimeError as e:
+        raise readable_failure(e, args) from None
 
 
 def _generic_launch(kernel, grid, args, meta):
@@ -304,8 +353,18 @@ class DirectLauncher:
     def _keep(self, key, kernel, compiled, n_args, meta):
         """Keep ``compiled`` for ``key`` when it is a CompiledKernel and every
         parameter after the positional ones has a keyword value or a default."""
-        if type(compiled) is not self.compiled_type:
+        tail = self._tail(kernel, n_args, meta) if type(compiled) is self.compiled_type else None
+        if tail is None:
             return
+        if len(self.compiled) >= self.max_entries:
+            self.compiled.clear()
+            self.layouts.clear()
+        self.compiled[key] = (kernel, compiled, tail)
+
+    @staticmethod
+    def _tail(kernel, n_args, meta):
+        """The values of ``kernel``'s parameters after the first ``n_args``:
+        from ``meta`` or their defaults (None if one has neither)."""
         tail = []
         for param in kernel.params[n_args:]:
             if param.name in meta:
@@ -313,11 +372,27 @@ class DirectLauncher:
             elif param.has_default:
                 tail.append(param.default)
             else:
-                return
-        if len(self.compiled) >= self.max_entries:
-            self.compiled.clear()
-            self.layouts.clear()
-        self.compiled[key] = (kernel, compiled, tuple(tail))
+                return None
+        return tuple(tail)
+
+    def bound(self, kernel, grid, args, meta, compiled):
+        """The launch of ``compiled`` on ``grid`` with ``args`` and ``meta``
+        as a callable of no arguments, on the current device's current
+        stream (taken now); None where the launch must go Triton's way."""
+        if not self.eligible(kernel, grid) or type(compiled) is not self.compiled_type:
+            return None
+        tail = self._tail(kernel, len(args), meta)
+        if tail is None:
+            return None
+        try:
+            meta_key(meta)
+        except Ineligible:
+            return None
+        stream = self.driver.active.get_current_stream(self.driver.active.get_current_device())
+        runtime = self.knobs.runtime
+        return partial(compiled.run, *grid, *(1,) * (3 - len(grid)), stream, compiled.function,
+                       compiled.packed_metadata, None, runtime.launch_enter_hook, runtime.launch_exit_hook,
+                       *args, *tail)
 
     def _run(self, compiled, grid, device, bound):
         """``compiled`` on ``grid`` with every parameter's value ``bound``, as

@@ -19,7 +19,9 @@ separate tensors they are, each addressed through its own strides, so a
 transposed or strided view is updated where it lives. The cost: one table
 per call, ``7 + 7 * roles`` int64 per parameter (18 KB for the 64
 parameters of ``UNet(3, 2)`` with Adam), allocated and copied to the device
-before the first launch, so a call that runs out of memory changes nothing.
+before the first launch, so a call that runs out of memory changes nothing;
+a call with the same tensor objects as the rule's last (a captured step's
+gradients) reuses the last table.
 
 Speed. When every parameter of a launch is dense (``DENSE``) the offset is
 the linear index itself; when every address is also a multiple of 16 bytes
@@ -42,6 +44,8 @@ float32, so each scalar travels as a pair ``hi + lo`` of float32 numbers whose
 float64 sum is the value to ~1e-15; float32 kernels use ``hi`` alone. The
 bias corrections ``1 - beta^t`` are computed here, in float64.
 """
+import weakref
+
 import numpy as np
 import torch
 import triton
@@ -333,6 +337,40 @@ def _launch_for_each(kernel, rule, roles, scalars, **meta):
     if any(len(tensors) != len(roles[0]) for tensors in roles):
         raise ValueError(f"{rule}: the lists of parameters, gradients and states differ in length: "
                          f"{[len(tensors) for tensors in roles]}")
+    tables = _tables_for(rule, roles)
+    if tables is None:
+        return
+    table, launches = tables
+    scalar_pairs = [half for s in scalars for half in numerics.float32_pair(s)]
+    for dtype, begin, end, n_parameters, programs, dense, aligned, block in launches:
+        launch.launch(kernel, (programs,), table[begin:end], n_parameters, *scalar_pairs,
+                      DTYPE=_TRITON_TYPES[dtype], COMPUTE_TYPE=numerics.compute_type(dtype), DENSE=dense,
+                      ALIGNED=dense and aligned, SEARCH_STEPS=n_parameters.bit_length(), BLOCK_SIZE=block,
+                      **meta)
+
+
+#: per rule, the tables of its last call: (the id of every tensor, weak references to them, tables)
+_LAST_TABLES = {}
+
+
+def _tables_for(rule, roles):
+    """The device table and the launches (dtype, table rows, programs, ...)
+    for the tensors of ``roles``; None when no parameter has elements. A
+    call with the very tensors of the rule's last call (a training loop's
+    gradients kept, as a captured step keeps them) reuses its table: the
+    same objects have the same addresses, sizes and strides."""
+    tensors = [t for tensors in roles for t in tensors]
+    ids = tuple(map(id, tensors))
+    last = _LAST_TABLES.get(rule)
+    if last is not None and last[0] == ids and all(ref() is t for ref, t in zip(last[1], tensors)):
+        return last[2]
+    tables = _build_tables(rule, roles)
+    _LAST_TABLES[rule] = (ids, [weakref.ref(t) for t in tensors], tables)
+    return tables
+
+
+def _build_tables(rule, roles):
+    """See :func:`_tables_for`: the checks of every parameter, then its table."""
     by_dtype = {}            # dtype: [rows, all dense, all aligned]
     first = None
     for tensors in zip(*roles):
@@ -350,7 +388,7 @@ def _launch_for_each(kernel, rule, roles, scalars, **meta):
         group[1] &= row[1]
         group[2] &= row[2]
     if first is None:
-        return
+        return None
     device = first.device
     if launch.INTERPRET and device.type != "cpu":
         raise DeviceMismatchError(f"{rule}: the Triton interpreter reaches the tensors through their "
@@ -363,12 +401,7 @@ def _launch_for_each(kernel, rule, roles, scalars, **meta):
         start += host.size
     table = launch.empty((start,), torch.int64, device)
     table.copy_(torch.from_numpy(np.concatenate(hosts)))
-    scalar_pairs = [half for s in scalars for half in numerics.float32_pair(s)]
-    for dtype, begin, end, n_parameters, programs, dense, aligned, block in launches:
-        launch.launch(kernel, (programs,), table[begin:end], n_parameters, *scalar_pairs,
-                      DTYPE=_TRITON_TYPES[dtype], COMPUTE_TYPE=numerics.compute_type(dtype), DENSE=dense,
-                      ALIGNED=dense and aligned, SEARCH_STEPS=n_parameters.bit_length(), BLOCK_SIZE=block,
-                      **meta)
+    return table, launches
 
 
 def _bias_corrections(beta1, beta2, step):

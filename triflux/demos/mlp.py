@@ -66,13 +66,14 @@ def main(argv=None):
         logits = model(device(x))
         return float(np.mean(losses.onecold(logits) == y))
 
+    # train's step (gradient, checks, update), replayed on a GPU after two recorded steps per batch shape
+    step = tf.capture_step(loss_fn, model, opt)
     t0 = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         total, n = 0.0, 0
         for x, y in loader:
-            loss, (g, *_) = tf.withgradient(loss_fn, model, x, y)
-            optimise.update(opt, model, g)
-            total += float(loss) * x.shape[0]
+            loss = step(x, y)
+            total += loss * x.shape[0]
             n += x.shape[0]
         if epoch == 1 or epoch % 5 == 0 or epoch == args.epochs:
             say(f"epoch {epoch:3d}  loss {total / n:.4f}  train acc {accuracy(xtr, ytr):.3f}  "

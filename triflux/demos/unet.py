@@ -297,6 +297,8 @@ def main(argv=None):
     def loss_fn(m, x, y):
         return losses.logitcrossentropy(m(x), y, dims=1)
 
+    # train's step (gradient, checks, update), replayed on a GPU after two recorded steps per batch shape
+    train_step = tf.capture_step(loss_fn, model, opt)
     interrupted = {"flag": False}
 
     def on_sigint(signum, frame):
@@ -318,9 +320,7 @@ def main(argv=None):
                 if step < skip_steps:
                     bar.update(1)
                     continue
-                value, (g, *_) = tf.withgradient(loss_fn, model, x, y)
-                optimise.update(opt, model, g)
-                total += float(value) * x.shape[0]
+                total += train_step(x, y) * x.shape[0]
                 n += x.shape[0]
                 rate = n / (time.perf_counter() - t0)
                 bar.set_postfix(loss=f"{total / n:.4f}", img_s=f"{rate:.1f}", device=repr(device).split(" ")[0])

@@ -4,6 +4,9 @@ from ..show import layer_repr
 
 __all__ = ["Layer"]
 
+#: attributes set or deleted on any layer so far (a captured step's guard: a new array, a mode)
+ATTRIBUTE_WRITES = 0
+
 
 class Layer:
     """Base class of layers. A layer's children are its attributes that hold
@@ -37,10 +40,14 @@ class Layer:
         return kids
 
     def __setattr__(self, name, value):
+        global ATTRIBUTE_WRITES
+        ATTRIBUTE_WRITES += 1
         self.__dict__.pop("_children_names", None)
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name):
+        global ATTRIBUTE_WRITES
+        ATTRIBUTE_WRITES += 1
         self.__dict__.pop("_children_names", None)
         object.__delattr__(self, name)
 
