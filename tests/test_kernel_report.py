@@ -1,18 +1,26 @@
 """Compiled-code checks without a GPU: the kernels of real training steps,
 compiled for sm_90 and sm_80 by ``triflux.kernel_report``, must compile, must
-not spill in the conv, matmul and recurrent kernels, must use tensor cores
-for 16-bit dots and 128-bit loads in dense elementwise kernels.
+not spill in the conv, matmul, recurrent and normalisation kernels, must use
+tensor cores for 16-bit dots and 128-bit loads in dense elementwise kernels.
 
 The representative set (all of it cached by source hash under
 ``$TRIFLUX_KERNEL_CACHE``, default ``~/.cache/triflux/kernels``, so a rerun
 with unchanged kernels compiles nothing):
 
 * sm_90: every specialization that the demo's UNet step and the benchmarks'
-  MLP step launch, in float32 and bfloat16, and the kernels with a dot
-  (the recurrent ones among them) of the benchmarks' LSTM step;
-* sm_80: the kernels with a dot of the same steps in bfloat16: the code that
+  MLP step launch, in float32 and bfloat16, those of the report's default
+  UNet step in bfloat16 (BatchNorms of few, small channels: one program per
+  channel), and the kernels with a dot (the recurrent ones among them) of
+  the benchmarks' LSTM step;
+* sm_80: the kernels with a dot of the demo, MLP and LSTM steps in bfloat16: the code that
   differs by architecture (mma.sync instead of wgmma, and the registers it
-  takes), where the rest, float32 dots on FFMA included, lowers the same way.
+  takes), where the rest, float32 dots on FFMA included, lowers the same way;
+  and every specialization of the UNet step in float32, since ptxas allocates
+  registers differently by architecture too (a BatchNorm backward of 8 warps
+  that took 62 registers on sm_90 spilled at 64 on sm_80).
+
+Each architecture's steps are recorded for its default GPU (H100, A100),
+whose SM count sizes the grids (tiles and split-K passes with them).
 
 About 240 compiles: about 95 s of CPU with a cold cache (165-225 s wall on a
 loaded 2-core machine), 10 s warm; the compile runs under a lock in the cache
@@ -43,38 +51,41 @@ from helpers import run_python
 
 #: architecture -> [(workload, dtype, only the kernels with a dot)]: the representative set
 COMPILED = {
-    "sm_90": [("demo", "float32", False), ("demo", "bfloat16", False), ("mlp", "float32", False),
-              ("mlp", "bfloat16", False), ("lstm", "float32", True), ("lstm", "bfloat16", True)],
-    "sm_80": [("demo", "bfloat16", True), ("mlp", "bfloat16", True), ("lstm", "bfloat16", True)],
+    "sm_90": [("demo", "float32", False), ("demo", "bfloat16", False), ("unet", "bfloat16", False),
+              ("mlp", "float32", False), ("mlp", "bfloat16", False), ("lstm", "float32", True),
+              ("lstm", "bfloat16", True)],
+    "sm_80": [("demo", "bfloat16", True), ("mlp", "bfloat16", True), ("lstm", "bfloat16", True),
+              ("unet", "float32", False)],
 }
 ARCHS = tuple(COMPILED)
 #: the representative set's compiled findings by cache key (see the module docstring)
 SEED = Path(__file__).with_name("compiled_kernels.json")
 #: kernel modules (triflux.triton_kernels.<family>) whose kernels must not spill
-NO_SPILL_FAMILIES = ("conv", "matmul", "rnn")
+NO_SPILL_FAMILIES = ("conv", "matmul", "rnn", "norm")
 #: kernel modules with dots that must use tensor cores on 16-bit inputs
 DOT_FAMILIES = ("conv", "matmul", "rnn")
 
 #: (check, arch, family) -> why today's kernels fail it (a fix flips the strict xfail)
 KNOWN_GAPS = {}
 
-#: the subprocess: record each step (interpreter on), compile the union of
-#: specializations once per architecture, print every report's rows as JSON
+#: the subprocess: record each step (interpreter on) for each architecture's GPU, compile
+#: the union of specializations once per architecture, print every report's rows as JSON
 _SCRIPT = """
 import json, time
 from triflux import kernel_report as kr
 plan = {plan!r}
 t0 = time.perf_counter()
-recorded = {{(w, d): kr.record_step(w, d) for steps in plan.values() for w, d, _ in steps}}
+recorded = {{(w, d, arch): kr.record_step(w, d, gpu=kr.DEFAULT_GPU[arch]) for arch, steps in plan.items()
+            for w, d, _ in steps}}
 compiled, rows, keys = 0, [], []
 for arch, steps in plan.items():
     jobs = {{}}
     for w, d, only_dots in steps:
-        jobs.update({{spec.key(): (f, spec) for f, spec in kr.compile_jobs(recorded[w, d], only_dots)}})
+        jobs.update({{spec.key(): (f, spec) for f, spec in kr.compile_jobs(recorded[w, d, arch], only_dots)}})
     compiled += kr.compile_all(list(jobs.values()), arch)[1]
     keys += [kr.cache_key(f, spec, arch) for f, spec in jobs.values()]
     for w, d, only_dots in steps:
-        rep = kr.build_report(w, arch, dtype=d, only_dots=only_dots, launches=recorded[w, d])
+        rep = kr.build_report(w, arch, dtype=d, only_dots=only_dots, launches=recorded[w, d, arch])
         rows += [dict(r.as_json(arch, rep.gpu), workload=w, step_dtype=d) for r in rep.rows]
 print(json.dumps({{"rows": rows, "compiled": compiled, "keys": keys, "seconds": time.perf_counter() - t0}}))
 """
@@ -186,6 +197,37 @@ def test_the_command_prints_one_json_object_per_specialization():
     assert matmul and all(row["flops"] > 0 and row["bytes"] > 0 and row["predicted_us"] > 0 for row in matmul)
     assert sum(row["flops"] for row in matmul) >= 2 * 128 * (784 * 256 + 256 * 256 + 256 * 10), \
         "the MLP's forward products alone are 2 x batch x the weights' sizes"
+
+
+def test_the_command_sizes_the_grids_for_the_named_gpu():
+    """``python -m triflux kernels --arch sm_80`` records the step for an
+    A100 (108 SMs) unless ``--gpu`` names another GPU: the demo's conv weight
+    gradients, split over pixels until a launch has two programs per SM,
+    run 216 programs there and 264 with ``--gpu H100``; the host code's SM
+    count is the real one again afterwards. (Compiling is stubbed out: it
+    does not change the launches.)"""
+    r = run_python("""
+import contextlib, io, json
+from triflux import kernel_report as kr
+from triflux.__main__ import main
+from triflux.triton_kernels import launch
+real = launch.sm_count
+kr.compile_all = lambda jobs, arch: ({spec.key(): {"num_warps": 4, "regs": 32, "smem_bytes": 0} for _, spec in jobs}, 0)
+for gpu in ([], ["--gpu", "H100"]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["kernels", "--workload", "demo", "--arch", "sm_80", "--json", *gpu]) == 0
+    rows = json.loads(out.getvalue())
+    print(json.dumps([sorted({r["gpu"] for r in rows}), sorted({p for r in rows if r["kernel"] == "_weight_grad_kernel"
+                                                               for p in (r["programs_min"], r["programs_max"])})]))
+print(json.dumps([launch.sm_count is real, launch.sm_count(0)]))
+""", env={"TRITON_INTERPRET": "1"}, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    (a100_gpu, a100), (h100_gpu, h100), (restored, sms_after) = map(json.loads, r.stdout.strip().splitlines()[-3:])
+    assert a100_gpu == ["A100 SXM4 80GB"] and h100_gpu == ["H100 SXM5 80GB"]
+    assert 2 * 108 in a100 and 2 * 132 not in a100, a100
+    assert 2 * 132 in h100 and 2 * 108 not in h100, h100
+    assert restored and sms_after == 132
 
 
 # --- the model's parts, without compiling -------------------------------------------------------

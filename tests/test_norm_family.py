@@ -376,25 +376,37 @@ SPLIT_SHAPES = [(8, 2, 32, 32), (16, 3, 40, 40), (20000, 2), (500, 2, 3, 7)]
 def gpu_plan(monkeypatch):
     """The GPU's tiles and split, computed by the same kernels in the interpreter."""
     monkeypatch.setattr(launch, "INTERPRET", False)
-    return kn._plan
+    return lambda spec: kn._plan(spec, False, launch.sm_count(0))
 
 
-def test_gpu_plan_fills_the_gpu_for_unet_batch_norms():
-    """The BatchNorms of a UNet at batch 32, 128x128 (C = 16..64) run on more
-    than twice as many programs as a 132-SM GPU has SMs, each with many values."""
+@pytest.mark.parametrize("gpu,splits_at_batch_4", [("H100", 2), ("A100", 3)])
+def test_gpu_plan_fills_the_gpu_for_unet_batch_norms(gpu, splits_at_batch_4):
+    """The BatchNorms of a UNet at batch 32, 128x128 (C = 16..64) keep the
+    GPU at least 85% busy by the wave model (whole rounds of programs, each
+    as long as its tiles), each program with many values; at batch 4, 64x64,
+    64 channels of 8 tiles are split as the GPU's SMs make best (a 16-warp
+    float32 program saturates an SM: 2 splits are one round of an H100's 132
+    SMs, where an A100's 108 run 3 splits of 3 tiles in two rounds)."""
+    from triflux.gpus import GPUS
     from triflux.specs.norm import batchnorm_spec
+    sms = GPUS[gpu].sms
     for c in (16, 32, 64):
         spec = batchnorm_spec((32, c, 128, 128), ((c,), (c,)), np.float32, 1e-5)
-        plan = kn._plan(spec, False)
-        assert c * plan.splits > 2 * 132, (c, plan)
+        plan = kn._plan(spec, False, sms)
+        programs = c * plan.splits
+        rounds_time = programs / launch.wave_efficiency(programs, plan.num_warps, kn._GPU_REGISTERS, sms) * \
+            plan.tiles_per_program
+        assert c * plan.num_tiles / rounds_time >= 0.85, (c, plan)
         assert plan.tiles_per_program * plan.block_n * plan.block_s >= 4096
-        assert kn._plan(spec, True).splits == 1            # the interpreter: one program per channel
+        assert kn._plan(spec, True, sms).splits == 1            # the interpreter: one program per channel
+    spec = batchnorm_spec((4, 64, 64, 64), ((64,), (64,)), np.float32, 1e-5)
+    assert kn._plan(spec, False, sms).splits == splits_at_batch_4
 
 
 @pytest.mark.parametrize("shape", SPLIT_SHAPES)
 def test_gpu_split_matches_the_reference(shape, gpu_plan):
     x, gamma, beta, mean, var = _inputs(shape, 18, offset=40.0)
-    spec_plan = gpu_plan(kn._spec(torch.from_numpy(x), (torch.from_numpy(gamma),) * 2, 1e-5), False)
+    spec_plan = gpu_plan(kn._spec(torch.from_numpy(x), (torch.from_numpy(gamma),) * 2, 1e-5))
     assert spec_plan.splits > 1, spec_plan
     g = np.random.default_rng(19).standard_normal(shape)
     ty, tg = _torch_train(x, gamma, beta, g, 1e-5)
@@ -463,7 +475,7 @@ def test_layer_training_step_launches(gpu, shape, monkeypatch):
     names = _record_launches(monkeypatch)
     dev = tf.CUDADevice(0)
     x = dev(np.random.default_rng(22).standard_normal(shape).astype(np.float32))
-    split = kn._plan(kn._spec(x._data, (), 1e-5), launch.INTERPRET).splits > 1
+    split = kn._plan(kn._spec(x._data, (), 1e-5), launch.INTERPRET, launch.sm_count(0)).splits > 1
     assert split == (gpu and shape[0] == 8)
     norm_launches = ["_partial_stats_kernel"] * split + ["_batchnorm_train_forward_kernel"]
     for activation in (tf.identity, tf.relu, tf.gelu):

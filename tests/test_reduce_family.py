@@ -283,6 +283,26 @@ def test_gpu_block_configuration_in_the_interpreter(K, kernel_device, monkeypatc
                                        atol=1e-4, err_msg=f"{name} {x.shape} {axis}")
 
 
+@pytest.mark.parametrize("gpu,splits", [("H100", 16), ("A100", 13)])
+def test_gpu_split_by_the_wave_model(K, gpu, splits, monkeypatch):
+    """On a GPU, 64 rows of 65,536 contiguous columns (16 programs of 4 rows,
+    64 column blocks each) are split as the GPU's SMs make best by the wave
+    model (two 8-warp programs per SM saturate it): 16 splits are one round of
+    an H100's 264 programs, where an A100 (216) takes 13 of 5 blocks; rows
+    that fill the GPU on their own are not split."""
+    import triton.language as tl
+    from triflux.gpus import GPUS
+    from triflux.triton_kernels import launch
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    K._reduce_grid.cache_clear()
+    try:
+        sms = GPUS[gpu].sms
+        assert K._reduce_grid(64, 65536, 65536, 1, tl.float32, None, sms)[3] == splits
+        assert K._reduce_grid(4096, 8192, 8192, 1, tl.float32, None, sms)[3] == 1
+    finally:
+        K._reduce_grid.cache_clear()
+
+
 # --- unbroadcast ----------------------------------------------------------------------------
 
 def test_unbroadcast(K, kernel_device):

@@ -8,11 +8,13 @@ Three steps, each usable on its own:
    ``triton_kernels.launch.launch`` replaced by a recorder, so no kernel runs:
    the host code allocates, picks tiles and grids and calls ``launch``, and
    each call is kept (kernel, grid, arguments). While recording, the host code
-   is told it is not in the interpreter (``launch.INTERPRET = False``), so it
-   picks the tiles, grids and constexprs a real GPU gets; since no kernel
-   runs, nothing notices that the storage is on the CPU. The step reads no
-   value back to the host (``withgradient`` and ``optimise.update``, not
-   ``train`` with its NaN check); one warm-up step runs first, unrecorded.
+   is told it is not in the interpreter (``launch.INTERPRET = False``) and
+   that the GPU has the modelled GPU's SMs (``launch.sm_count``: 132 for an
+   H100, 108 for an A100), so it picks the tiles, split-K passes, grids and
+   constexprs that GPU gets; since no kernel runs, nothing notices that the
+   storage is on the CPU. The step reads no value back to the host
+   (``withgradient`` and ``optimise.update``, not ``train`` with its NaN
+   check); one warm-up step runs first, unrecorded.
    Each launch is also tagged with the primitive call it belongs to (name,
    direction, input shapes, attrs): ``Primitive.kernel`` is wrapped for the
    duration of the recording, nothing else changes.
@@ -106,7 +108,7 @@ import triflux as tf
 from . import benchmarks, losses, models, optimise, registry
 from .demos import shapes as demo_shapes
 from .demos import unet as demo_unet
-from .gpus import GPU, GPUS, SATURATING_WARPS
+from .gpus import ASSUMED_GPU, GPU, GPUS, SATURATING_WARPS
 
 #: architecture name -> compute capability given to GPUTarget
 ARCHS = {"sm_90": 90, "sm_80": 80}
@@ -674,9 +676,10 @@ def ensure_interpreter():
     return True
 
 
-def record_step(workload="unet", dtype="float32", batch=None, size=None):
+def record_step(workload="unet", dtype="float32", batch=None, size=None, gpu=ASSUMED_GPU):
     """The launches of one training step of ``workload`` (after one warm-up
-    step), kernels not run, tagged with their primitive calls."""
+    step) on the GPU ``gpu`` (a name in :data:`GPUS`: its SM count sizes the
+    grids), kernels not run, tagged with their primitive calls."""
     ensure_interpreter()
     from .triton_kernels import launch as launcher
     if workload not in WORKLOADS:
@@ -708,8 +711,9 @@ def record_step(workload="unet", dtype="float32", batch=None, size=None):
             return out
         return traced
 
-    saved = (launcher.launch, launcher.INTERPRET)
-    launcher.launch, launcher.INTERPRET = record, False
+    sms = GPUS[gpu].sms
+    saved = (launcher.launch, launcher.INTERPRET, launcher.sm_count)
+    launcher.launch, launcher.INTERPRET, launcher.sm_count = record, False, lambda device_index: sms
     registry.Primitive.kernel = traced_kernel
     _clear_host_plans()
     try:
@@ -718,7 +722,7 @@ def record_step(workload="unet", dtype="float32", batch=None, size=None):
         recording["on"] = True
         step()
     finally:
-        launcher.launch, launcher.INTERPRET = saved
+        launcher.launch, launcher.INTERPRET, launcher.sm_count = saved
         registry.Primitive.kernel = original_kernel
         _clear_host_plans()
     _attribute_to_launches(launches)
@@ -979,14 +983,16 @@ def compile_jobs(launches, only_dots=False):
 
 def build_report(workload="unet", arch="sm_90", gpu=None, dtype="float32", batch=None, size=None,
                  latency_us=LAUNCH_LATENCY_US, only_dots=False, launches=None):
-    """Record (unless ``launches`` of :func:`record_step` are given), compile
-    (cached) and model one step: a :class:`Report`. ``only_dots``: rows only
-    for the kernels that contain a dot (the launch counts still cover the
-    whole step)."""
+    """Record for ``gpu`` (unless ``launches`` of :func:`record_step` are
+    given: recorded for the same GPU), compile (cached) and model one step: a
+    :class:`Report`. ``gpu`` defaults to the architecture's
+    (:data:`DEFAULT_GPU`). ``only_dots``: rows only for the kernels that
+    contain a dot (the launch counts still cover the whole step)."""
     switched = ensure_interpreter()
-    gpu = GPUS[gpu or DEFAULT_GPU[arch]]
+    gpu_name = gpu or DEFAULT_GPU[arch]
+    gpu = GPUS[gpu_name]
     if launches is None:
-        launches = record_step(workload, dtype, batch, size)
+        launches = record_step(workload, dtype, batch, size, gpu_name)
     groups, fingerprints = group_launches(launches, only_dots)
     metrics, compiled = compile_all([(fingerprints[g[0].kernel][0], g[0].spec) for g in groups.values()], arch)
     rows = []
@@ -1106,7 +1112,8 @@ def parse(argv):
                    help="; ".join(f"{k}: {v[0]}" for k, v in WORKLOADS.items()) + " (default unet)")
     p.add_argument("--arch", choices=sorted(ARCHS), default="sm_90", help="compile target (default sm_90)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None,
-                   help="peak table to model (default: H100 for sm_90, A100 for sm_80)")
+                   help="the GPU whose SM count sizes the step's grids and whose peak table is modelled "
+                        "(default: H100 for sm_90, A100 for sm_80)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="default float32")
     p.add_argument("--batch", type=int, default=None, help="batch size (default: the workload's)")
     p.add_argument("--size", type=int, default=None, help="image side for unet and demo (default: the workload's)")

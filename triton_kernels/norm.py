@@ -8,14 +8,15 @@ positions (whole rows where S is short), so a tile's inner index is
 contiguous (vector loads) and no offset needs a division.
 
 Work split. The tiles of each channel are shared by ``splits`` programs
-(grid (C, splits)): on a GPU enough that C * splits fills every SM several
-times over (:func:`_plan`), in the interpreter one per channel, with one
-tile per channel where it fits (the interpreter pays per program and per
-loop iteration). Without a split (one program per channel), each kernel
-takes its channel's statistics itself (:func:`_own_stats`) and a training
-step's forward, running statistics included, is one launch, as is its
-backward. With a split, a reduction over a channel takes two launches, with
-no atomics, so the result does not depend on timing:
+(grid (C, splits)): on a GPU as many as fill its SMs best by the wave
+model (:func:`_plan`, ``reduce.splits_for_waves``), in the interpreter one
+per channel, with one tile per channel where it fits (the interpreter pays
+per program and per loop iteration). Without a split (one program per
+channel), each kernel takes its channel's statistics itself
+(:func:`_own_stats`) and a training step's forward, running statistics
+included, is one launch, as is its backward. With a split, a reduction over
+a channel takes two launches, with no atomics, so the result does not
+depend on timing:
 
 1. ``_partial_stats_kernel``: program (c, p) takes the corrected two-pass
    statistics of its own values (:func:`_own_stats`; sweep 1: count n_p and
@@ -64,6 +65,7 @@ import triton.language as tl
 
 from . import copy, launch, numerics
 from .numerics import ACTIVATION_CODES, from_float32_pair, store_value
+from .reduce import splits_for_waves
 from ..specs.norm import batchnorm_spec
 
 #: the fields of the partial-statistics workspace (C, FIELDS, splits), per program:
@@ -77,14 +79,20 @@ FIELD_SUM_G = tl.constexpr(4)
 FIELD_SUM_GD = tl.constexpr(5)
 FIELDS = tl.constexpr(6)
 
-#: values per tile on a GPU (4 warps: 16 per thread, four 16-byte loads of float32;
-#: half as many in float64, whose accumulators take twice the registers)
+#: values per tile on a GPU (half as many in float64, whose accumulators take twice the registers)
 _GPU_TILE = 2048
+#: bytes of x a thread of a GPU program holds per tile: one 16-byte load (so a 2,048-value
+#: tile takes 16 warps in float32, 8 in bfloat16). A backward's statistics sweep keeps four
+#: accumulators and three loads of a thread's values live across its loop: about 40
+#: registers in float32 and 60 in bfloat16; with 16 bfloat16 values per thread ptxas spilled
+#: at 96 registers on sm_90, with 8 float32 values at 64 on sm_80
+_BYTES_PER_THREAD = 16
+#: the most registers per thread a tiled kernel takes on a GPU, for the wave model
+#: (``python -m triflux kernels``: at most 64 for sm_90 and sm_80 in the UNet and demo steps)
+_GPU_REGISTERS = 64
 #: values per tile at most in the interpreter (NumPy vectorises inside a program)
 _INTERP_TILE = 1 << 16
-#: on a GPU, split channels until about this many programs run (132 SMs: 7-8 per SM) ...
-_TARGET_PROGRAMS = 1024
-#: ... while every program keeps at least this many values
+#: on a GPU, every program of a split channel takes at least this many values
 _MIN_VALUES_PER_PROGRAM = 4096
 
 
@@ -365,6 +373,7 @@ class _Plan:
     num_tiles: int          #: tiles of one channel
     tiles_per_program: int
     splits: int             #: programs per channel
+    num_warps: int          #: warps per program on a GPU
 
     @property
     def tile_args(self):
@@ -372,29 +381,32 @@ class _Plan:
         return self.tiles_s, self.num_tiles, self.tiles_per_program, self.splits
 
     @property
-    def blocks(self):
-        return dict(BLOCK_SIZE_N=self.block_n, BLOCK_SIZE_S=self.block_s)
+    def meta(self):
+        """The block sizes and warps of a tiled kernel's launch."""
+        return dict(BLOCK_SIZE_N=self.block_n, BLOCK_SIZE_S=self.block_s, num_warps=self.num_warps)
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(spec, interpret):
+def _plan(spec, interpret, sms):
     """The tiling and split of ``spec``'s channels. The interpreter takes one
-    program per channel and tiles as large as it allows; a GPU takes tiles of
-    ``_GPU_TILE`` values (half in float64) and splits channels until about
-    ``_TARGET_PROGRAMS`` programs run, each with ``_MIN_VALUES_PER_PROGRAM``
-    values or more."""
+    program per channel and tiles as large as it allows; a GPU of ``sms`` SMs
+    takes tiles of ``_GPU_TILE`` values (half in float64) in programs of a
+    warp per 32 x ``_BYTES_PER_THREAD`` bytes of a tile (1 to 16), and the
+    splits per channel that ``reduce.splits_for_waves`` finds fastest, each
+    program with ``_MIN_VALUES_PER_PROGRAM`` values or more."""
     n, s = spec.x_shape[0], spec.spatial_size
     tile = _INTERP_TILE if interpret else _GPU_TILE // (2 if spec.compute_dtype.itemsize == 8 else 1)
     block_s = min(launch.next_pow2(s), tile)
     block_n = min(launch.next_pow2(n), max(tile // block_s, 1))
     tiles_s = launch.cdiv(max(s, 1), block_s)
     num_tiles = launch.cdiv(max(n, 1), block_n) * tiles_s
+    warps = max(1, min(16, block_n * block_s * spec.dtype.itemsize // (32 * _BYTES_PER_THREAD)))
     splits = 1
     if not interpret:
-        splits = max(1, min(num_tiles, launch.cdiv(_TARGET_PROGRAMS, max(spec.channels, 1)),
-                            spec.values_per_channel // _MIN_VALUES_PER_PROGRAM))
+        splits = splits_for_waves(spec.channels, num_tiles, spec.values_per_channel // _MIN_VALUES_PER_PROGRAM,
+                                  warps, _GPU_REGISTERS, sms)
     per_program = launch.cdiv(num_tiles, splits)
-    return _Plan(block_n, block_s, tiles_s, num_tiles, per_program, launch.cdiv(num_tiles, per_program))
+    return _Plan(block_n, block_s, tiles_s, num_tiles, per_program, launch.cdiv(num_tiles, per_program), warps)
 
 
 def _spec(x, per_channel, eps, activation="identity"):
@@ -416,7 +428,7 @@ def _partial_stats(x, spec, plan, grad=None, out=None, activation=numerics.ACT_I
     partials = launch.empty((spec.channels, FIELDS.value, plan.splits), _workspace_dtype(x), x.device)
     launch.launch(_partial_stats_kernel, (spec.channels, plan.splits), x, x if grad is None else grad,
                   x if out is None else out, partials, *_sizes(spec), *plan.tile_args, WITH_GRAD=grad is not None,
-                  ACTIVATION=activation, COMPUTE_TYPE=numerics.compute_type(x.dtype), **plan.blocks)
+                  ACTIVATION=activation, COMPUTE_TYPE=numerics.compute_type(x.dtype), **plan.meta)
     return partials
 
 
@@ -432,7 +444,7 @@ def _train_forward(x, spec, gamma, beta, running, momentum, normalise, moved=(),
     running_var), their move, in place or into ``moved``. Everything is
     allocated before the launch that writes: a call that runs out of memory
     leaves the running statistics."""
-    plan = _plan(spec, launch.INTERPRET)
+    plan = _plan(spec, launch.INTERPRET, launch.sm_count(x.get_device()))
     y = launch.empty(x.shape, x.dtype, x.device) if normalise else None
     if spec.channels == 0 or spec.values_per_channel == 0:
         for source, destination in zip(running, moved):    # nothing moves: the moved ones are the old
@@ -451,7 +463,7 @@ def _train_forward(x, spec, gamma, beta, running, momentum, normalise, moved=(),
                   *numerics.float32_pair(spec.eps), *numerics.float32_pair(momentum),
                   SPLIT=plan.splits > 1, NORMALISE=normalise, UPDATE_RUNNING=bool(running), ACTIVATION=activation,
                   COMPUTE_TYPE=numerics.compute_type(x.dtype), INTERP=launch.INTERPRET,
-                  BLOCK_SIZE_P=launch.next_pow2(plan.splits), **plan.blocks)
+                  BLOCK_SIZE_P=launch.next_pow2(plan.splits), **plan.meta)
     return y
 
 
@@ -499,13 +511,13 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, runni
     grad, out, act = _grad_and_output(grad, out, spec.activation)
     dgamma = launch.empty(gamma.shape, gamma.dtype, gamma.device)
     dbeta = launch.empty(beta.shape, beta.dtype, beta.device)
-    plan = _plan(spec, launch.INTERPRET)
+    plan = _plan(spec, launch.INTERPRET, launch.sm_count(x.get_device()))
     partials = _partial_stats(x, spec, plan, grad, out, act)
     launch.launch(_batchnorm_train_backward_kernel, (spec.channels, plan.splits), grad, out, x, partials,
                   gamma, gamma.stride(0), dx, dgamma, 1, dbeta, 1, *_sizes(spec), *plan.tile_args,
                   spec.values_per_channel, *numerics.float32_pair(spec.eps), SPLIT=plan.splits > 1,
                   ACTIVATION=act, COMPUTE_TYPE=numerics.compute_type(x.dtype), INTERP=launch.INTERPRET,
-                  BLOCK_SIZE_P=launch.next_pow2(plan.splits), **plan.blocks)
+                  BLOCK_SIZE_P=launch.next_pow2(plan.splits), **plan.meta)
     return (dx, dgamma, dbeta) + none_for_running
 
 
@@ -515,11 +527,11 @@ def batchnorm_test_forward(x, gamma, beta, mean, var, eps=1e-5, activation="iden
     y = launch.empty(x.shape, x.dtype, x.device)
     if spec.channels == 0 or spec.values_per_channel == 0:
         return y
-    plan = _plan(spec, launch.INTERPRET)
+    plan = _plan(spec, launch.INTERPRET, launch.sm_count(x.get_device()))
     launch.launch(_batchnorm_test_kernel, (spec.channels, plan.splits), x, x, x, gamma, gamma.stride(0),
                   beta, beta.stride(0), mean, mean.stride(0), var, var.stride(0), y, y, y, 0, y, 0,
                   *_sizes(spec), *plan.tile_args, *numerics.float32_pair(spec.eps), BACKWARD=False, SPLIT=False,
-                  ACTIVATION=ACTIVATION_CODES[spec.activation], COMPUTE_TYPE=numerics.compute_type(x.dtype), INTERP=launch.INTERPRET, **plan.blocks)
+                  ACTIVATION=ACTIVATION_CODES[spec.activation], COMPUTE_TYPE=numerics.compute_type(x.dtype), INTERP=launch.INTERPRET, **plan.meta)
     return y
 
 
@@ -532,14 +544,14 @@ def batchnorm_test_backward(grad, out, x, gamma, beta, mean, var, eps=1e-5, acti
     grad, out, act = _grad_and_output(grad, out, spec.activation)
     dgamma = launch.empty(gamma.shape, gamma.dtype, gamma.device)
     dbeta = launch.empty(beta.shape, beta.dtype, beta.device)
-    plan = _plan(spec, launch.INTERPRET)
+    plan = _plan(spec, launch.INTERPRET, launch.sm_count(x.get_device()))
     split = plan.splits > 1
     partials = launch.empty((spec.channels, 2, plan.splits), _workspace_dtype(x), x.device) if split else dx
     launch.launch(_batchnorm_test_kernel, (spec.channels, plan.splits), x, grad, out, gamma, gamma.stride(0),
                   beta, beta.stride(0), mean, mean.stride(0), var, var.stride(0), dx, partials,
                   dgamma, 1, dbeta, 1, *_sizes(spec), *plan.tile_args, *numerics.float32_pair(spec.eps),
                   BACKWARD=True, SPLIT=split, ACTIVATION=act, COMPUTE_TYPE=numerics.compute_type(x.dtype),
-                  INTERP=launch.INTERPRET, **plan.blocks)
+                  INTERP=launch.INTERPRET, **plan.meta)
     if split:
         launch.launch(_sum_partials_kernel, (spec.channels,), partials, dgamma, 1, dbeta, 1, plan.splits,
                       INTERP=launch.INTERPRET, BLOCK_SIZE_P=launch.next_pow2(plan.splits))

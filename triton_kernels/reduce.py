@@ -12,7 +12,9 @@ and walks its columns in ``BLOCK_SIZE_N`` chunks, accumulating such a
 tile (float32; float64 for float64; int64 for integer sums); the tile is
 reduced once at the end. When there are few rows and long columns (a full
 reduction of 1e6 elements), the columns are split among several programs that
-write partial results, and a second launch of the same kernel reduces those.
+write partial results, and a second launch of the same kernel reduces those:
+on a GPU as many splits as fill its SMs by the wave model
+(:func:`splits_for_waves`, which BatchNorm's statistics use too).
 
 Semantics follow NumPy: the sum of nothing is 0, the mean of nothing NaN; the
 sum of integers or booleans is int64, their mean float64; ``max`` propagates
@@ -42,10 +44,13 @@ REDUCE_COUNT_EQUAL = tl.constexpr(2)
 #: elements per tile (GPU); the interpreter takes bigger tiles
 _GPU_TILE = 4096
 _INTERP_TILE = 1 << 16
-#: on the GPU, split long columns until about this many programs run
-_TARGET_PROGRAMS = 512
-#: ... but give every split at least this many columns
+#: the most registers per thread _reduce_kernel takes on a GPU, for the wave model
+#: (``python -m triflux kernels``: at most 56 for sm_90 and sm_80 in the UNet and demo steps)
+_GPU_REGISTERS = 64
+#: on the GPU, give every split of long columns at least this many columns
 _MIN_CHUNK = 4096
+#: splits_for_waves looks at grids of at most this many rounds of the GPU
+_MAX_ROUNDS = 4
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -149,27 +154,52 @@ def _tiles(M, N, rstride, cstride):
     return bm, bn
 
 
+def splits_for_waves(rows, units, max_splits, num_warps, registers, sms, tolerance=1.02):
+    """How many programs share the ``units`` work units of each of ``rows``
+    rows (a reduction's column blocks, a BatchNorm channel's tiles) on a GPU
+    of ``sms`` SMs: the fewest splits, at most ``max_splits``, whose grid
+    runs within ``tolerance`` of the fastest by the wave model. s splits make
+    rows * s programs of ceil(units / s) units; a launch takes whole rounds
+    of the GPU (:func:`launch.wave_efficiency` of programs of ``num_warps``
+    warps and ``registers`` registers), each as long as a program's units.
+    Fewer splits win ties (``tolerance``: float rounding): every split adds
+    partial results to combine.
+    Grids of more than ``_MAX_ROUNDS`` rounds are not considered."""
+    if rows < 1 or units < 1:
+        return 1
+    per_round = round(1 / launch.wave_efficiency(1, num_warps, registers, sms))   # programs a round runs
+    candidates = range(1, max(1, min(max_splits, units, launch.cdiv(_MAX_ROUNDS * per_round, rows))) + 1)
+    times = []
+    for splits in candidates:
+        per_program = launch.cdiv(units, splits)
+        programs = rows * launch.cdiv(units, per_program)
+        times.append(programs / launch.wave_efficiency(programs, num_warps, registers, sms) * per_program)
+    return next(s for s, t in zip(candidates, times) if t <= min(times) * tolerance)
+
+
 def _merged(sizes, strides):
     shape, (st,) = indexing.merge_dims(sizes, strides)
     return tuple(shape), tuple(st)
 
 
 @lru_cache(maxsize=4096)
-def _reduce_grid(M, N, rstride, cstride, acc, splits):
+def _reduce_grid(M, N, rstride, cstride, acc, splits, sms):
     """(BLOCK_SIZE_M, BLOCK_SIZE_N, programs along M, splits along N, the
     columns of a split, LOWEST, IS_FLOAT, num_warps) of an (M, N) reduction
-    (``splits`` None: as many as fill the GPU)."""
+    (``splits`` None: on a GPU of ``sms`` SMs, :func:`splits_for_waves` of
+    the column blocks, each split ``_MIN_CHUNK`` columns or more)."""
     bm, bn = _tiles(M, N, rstride, cstride)
     grid_m = launch.cdiv(M, bm)
+    nw = max(1, min(8, (bm * bn) // 256))  # one warp per 256 tile elements, at most 8
     if splits is None:
         splits = 1
-        if not launch.INTERPRET and grid_m < _TARGET_PROGRAMS and N > _MIN_CHUNK:
-            splits = min(launch.cdiv(N, _MIN_CHUNK), launch.cdiv(_TARGET_PROGRAMS, grid_m))
+        if not launch.INTERPRET and N > _MIN_CHUNK:
+            splits = splits_for_waves(grid_m, launch.cdiv(N, bn), launch.cdiv(N, _MIN_CHUNK), nw, _GPU_REGISTERS,
+                                      sms)
     splits = max(1, min(int(splits), max(N, 1)))
     chunk = launch.cdiv(max(N, 1), splits)
     chunk = launch.cdiv(chunk, bn) * bn
     splits = launch.cdiv(max(N, 1), chunk)
-    nw = max(1, min(8, (bm * bn) // 256))  # one warp per 256 tile elements, at most 8
     return bm, bn, grid_m, splits, chunk, _lowest(acc), acc in (tl.float32, tl.float64), nw
 
 
@@ -188,7 +218,8 @@ def _reduce_layout(shape, strides, axes, kept):
 def _launch_reduce(x, reference_values, out, M, N, rshape, rst, cshape, cst, op, xt, acc, mean_denom,
                    splits=None):
     """Reduce the logical (M, N) matrix into ``out`` (dense, M entries)."""
-    bm, bn, grid_m, splits, chunk, lowest, is_float, nw = _reduce_grid(M, N, rst[-1], cst[-1], acc, splits)
+    bm, bn, grid_m, splits, chunk, lowest, is_float, nw = _reduce_grid(M, N, rst[-1], cst[-1], acc, splits,
+                                                                       launch.sm_count(x.get_device()))
     if reference_values is None:
         reference_values = x
     if splits == 1:
