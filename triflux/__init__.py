@@ -37,6 +37,7 @@ from .data import DataLoader  # noqa: E402
 from .memory import memory_status, MemoryStatus  # noqa: E402
 from .precision import f32, f64, f16, bf16  # noqa: E402
 from .matmul_precision import set_matmul_precision, get_matmul_precision  # noqa: E402
+from .autotuning import set_autotune, get_autotune  # noqa: E402
 from .modes import trainmode, testmode  # noqa: E402
 from .capture import CapturedStep  # noqa: E402
 from . import losses, optimise, persistence  # noqa: E402

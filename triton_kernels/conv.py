@@ -47,16 +47,20 @@ Pixel indices are int32 where they fit (int64 beyond), so the per-pixel
 (n, p, q) division is a 32-bit one; addresses are int64 and split into a part
 per pixel and a part per channel or weight entry. The GPU tiles are chosen per
 dot kind so that no specialization spills registers (``_GATHER_TILES``,
-``_WEIGHT_GRAD_TILES``). A faster version would need: tiles tuned per GPU
-(and autotuning there), channels-last layouts, and pipelined 16-bit operand
-loads.
+``_WEIGHT_GRAD_TILES``); with ``set_autotune(True)`` the gather kernel's
+tile is measured on a real GPU instead (``triton_kernels.tuning``). A faster
+version would need: the weight gradient's tiles and splits tuned per GPU,
+channels-last layouts, and pipelined 16-bit operand loads.
 """
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
 
-from . import copy, launch, numerics
+from . import copy, launch, numerics, tuning
 from .numerics import ACT_IDENTITY, ACT_RELU, ACTIVATION_CODES, DOT_FP64, DOT_NATIVE, dot, dot_kind, store_value
+from ..autotuning import get_autotune
 from ..errors import DTypeError
 from ..specs.conv import conv2d_bias_act_spec, conv2d_spec, conv_transpose2d_spec
 
@@ -336,14 +340,27 @@ def _target_programs(device):
     return PROGRAMS_PER_SM * launch.sm_count(device.index)
 
 
-def _gather_gpu_tiles(kind, num_pixels, channels, grid_z, target_programs):
-    """(block sizes, launch options) of _gather_conv_kernel on a GPU for dot
-    kind ``kind``: the first of ``_GATHER_TILES`` with ``target_programs``
-    programs, else the last."""
-    for blocks, warps, stages in _GATHER_TILES.get(kind, _GATHER_TILES[None]):
+def _gather_gpu_tile(kind, num_pixels, channels, grid_z, target_programs):
+    """The tile ``(block sizes, num_warps, num_stages)`` of
+    _gather_conv_kernel on a GPU for dot kind ``kind``: the first of
+    ``_GATHER_TILES`` with ``target_programs`` programs, else the last."""
+    for tile in _GATHER_TILES.get(kind, _GATHER_TILES[None]):
+        blocks = tile[0]
         if launch.cdiv(num_pixels, blocks[0]) * launch.cdiv(channels, blocks[1]) * grid_z >= target_programs:
             break
-    return blocks, dict(num_warps=warps, num_stages=stages)
+    return tile
+
+
+#: the constexprs a gather-conv tile sets
+GATHER_TUNED_NAMES = ("BLOCK_SIZE_PIXELS", "BLOCK_SIZE_CHANNELS", "BLOCK_SIZE_REDUCTION")
+
+
+@lru_cache(maxsize=None)
+def _tuned_gather():
+    """_gather_conv_kernel under triton.autotune (``set_autotune``), keyed on the sizes, kernel and dot kind."""
+    return tuning.Tuned(_gather_conv_kernel, GATHER_TUNED_NAMES, _GATHER_TILES,
+                        key=["batch", "out_height", "out_width", "reduce_channels", "out_channels_per_group",
+                             "phase_rows", "phase_cols", "KERNEL_HEIGHT", "KERNEL_WIDTH", "DOT"])
 
 
 def _interpreter_tiles(M, N, K, dtype, n_cap=64, k_cap=256):
@@ -370,22 +387,29 @@ def _gather_conv(x, w, y, spec, reduce_channels, out_channels_per_group, w_strid
     phase_rows, phase_cols = (sh, sw) if transposed else (1, 1)
     NP = N * launch.cdiv(HO, phase_rows) * launch.cdiv(WO, phase_cols)     # pixels of the largest phase
     kind = dot_kind(x.dtype, w.dtype)
+    grid_z = spec.groups * phase_rows * phase_cols
     if launch.INTERPRET:
         (bp, bc, bk), options = _interpreter_tiles(NP, out_channels_per_group, reduce_channels, x.dtype), {}
     else:
-        (bp, bc, bk), options = _gather_gpu_tiles(kind, NP, out_channels_per_group,
-                                                  spec.groups * phase_rows * phase_cols, _target_programs(x.device))
-    grid = (launch.cdiv(NP, bp), launch.cdiv(out_channels_per_group, bc), spec.groups * phase_rows * phase_cols)
+        tile = _gather_gpu_tile(kind, NP, out_channels_per_group, grid_z, _target_programs(x.device))
+        (bp, bc, bk), options = tile[0], dict(num_warps=tile[1], num_stages=tile[2])
     has_bias = bias is not None
-    launch.launch(_gather_conv_kernel, grid, x, w, y, bias if has_bias else y,
-                  bias.stride(0) if has_bias else 0,
-                  H, W, HO, WO, N, reduce_channels, out_channels_per_group, phase_rows, phase_cols,
-                  *x.stride(), *w_strides, w.stride(2), w.stride(3), *y.stride(),
-                  sh, sw, pt, pl, dh, dw,
-                  KERNEL_HEIGHT=kh, KERNEL_WIDTH=kw, TRANSPOSED=transposed,
-                  PIXEL_INDEX_TYPE=_pixel_index_type(NP, bp),
-                  BLOCK_SIZE_PIXELS=bp, BLOCK_SIZE_CHANNELS=bc, BLOCK_SIZE_REDUCTION=bk,
-                  DOT=kind, INTERP=launch.INTERPRET, HAS_BIAS=has_bias, ACTIVATION=activation, **options)
+    args = (x, w, y, bias if has_bias else y, bias.stride(0) if has_bias else 0,
+            H, W, HO, WO, N, reduce_channels, out_channels_per_group, phase_rows, phase_cols,
+            *x.stride(), *w_strides, w.stride(2), w.stride(3), *y.stride(), sh, sw, pt, pl, dh, dw)
+    meta = dict(KERNEL_HEIGHT=kh, KERNEL_WIDTH=kw, TRANSPOSED=transposed, DOT=kind, INTERP=launch.INTERPRET,
+                HAS_BIAS=has_bias, ACTIVATION=activation)
+    if get_autotune() and not launch.INTERPRET:
+        tiles = _GATHER_TILES.get(kind, _GATHER_TILES[None])
+        _tuned_gather().launch(
+            lambda t: (launch.cdiv(NP, t["BLOCK_SIZE_PIXELS"]), launch.cdiv(out_channels_per_group,
+                                                                             t["BLOCK_SIZE_CHANNELS"]), grid_z),
+            tuning.ranked(tiles, tile), *args,
+            PIXEL_INDEX_TYPE=_pixel_index_type(NP, max(t[0][0] for t in tiles)), **meta)
+        return y
+    grid = (launch.cdiv(NP, bp), launch.cdiv(out_channels_per_group, bc), grid_z)
+    launch.launch(_gather_conv_kernel, grid, *args, PIXEL_INDEX_TYPE=_pixel_index_type(NP, bp),
+                  BLOCK_SIZE_PIXELS=bp, BLOCK_SIZE_CHANNELS=bc, BLOCK_SIZE_REDUCTION=bk, **meta, **options)
     return y
 
 

@@ -21,9 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import copy, indexing, launch, numerics
+from . import copy, indexing, launch, numerics, tuning
 from .numerics import store_value
 from .reduce import unbroadcast
+from ..autotuning import get_autotune
 from ..dtypes import to_torch
 from ..errors import DTypeError
 from ..specs.matmul import matmul_spec
@@ -204,9 +205,31 @@ def matrix_product(a, b, out_dtype=None):
     if spec.k == 0:
         return copy.full(spec.out_shape, 0.0, out_dtype, a.device)
     c = launch.empty(spec.out_shape, out_dtype, a.device)
-    grid, args, meta = _product_plan(spec, a.stride(), b.stride(), launch.sm_count(a.device.index))
-    launch.launch(_matmul_kernel, grid, a, b, c, *args, **meta, DOT=numerics.dot_kind(a.dtype))
+    sms = launch.sm_count(a.device.index)
+    grid, args, meta = _product_plan(spec, a.stride(), b.stride(), sms)
+    kind = numerics.dot_kind(a.dtype)
+    if get_autotune() and not launch.INTERPRET:
+        M, N, nbatch = spec.m, spec.n, spec.batch_size
+        tiles = _GPU_TILES.get(kind, _GPU_TILES[None])
+        pick = best_tile(tiles, lambda blocks: nbatch * launch.cdiv(M, blocks[0]) * launch.cdiv(N, blocks[1]), sms)
+        for tuned in TUNED_NAMES + ("num_warps", "num_stages"):
+            meta.pop(tuned, None)
+        _tuned_matmul().launch(
+            lambda tile: (nbatch * launch.cdiv(M, tile["BLOCK_SIZE_M"]) * launch.cdiv(N, tile["BLOCK_SIZE_N"]),),
+            tuning.ranked(tiles, pick), a, b, c, *args, **meta, DOT=kind)
+        return c
+    launch.launch(_matmul_kernel, grid, a, b, c, *args, **meta, DOT=kind)
     return c
+
+
+#: the constexprs a matmul tile sets
+TUNED_NAMES = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K")
+
+
+@lru_cache(maxsize=None)
+def _tuned_matmul():
+    """_matmul_kernel under triton.autotune (``set_autotune``), keyed on the sizes and the dot kind."""
+    return tuning.Tuned(_matmul_kernel, TUNED_NAMES, _GPU_TILES, key=["M", "N", "K", "batch_size", "DOT"])
 
 
 @lru_cache(maxsize=4096)
