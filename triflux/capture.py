@@ -35,9 +35,12 @@ The rules that make a replay the step it stands for:
   in the containers (``Chain``'s list), the same matmul precision. A guard that fails makes
   the step record again.
 * The two recorded steps must agree: the same kernels, grids, sizes and
-  host values (a random seed drawn per step, a value read from the data
-  does not repeat), no device value read on the host inside a phase and no
-  host data copied to the device that differs. A step that disagrees, or
+  host values (a step count or a value read from the data would not
+  repeat), no device value read on the host inside a phase and no host
+  data copied to the device that differs. The one host value that may
+  change is a seed drawn from triflux's random stream (dropout, ``rand``):
+  a replay draws as many seeds, in the same order, and launches with them,
+  so it is the eager step with the same ``seed(...)``. A step that disagrees, or
   has no launches (the CPU, where the NumPy reference computes), runs
   eagerly: with a warning naming the reason, except on the CPU.
 
@@ -47,6 +50,7 @@ CUDA graph's memory pool does): about one step's activations and gradients.
 import warnings
 
 from . import recording
+from .constructors import next_seed
 from .functor import children, is_layer, leaves
 from .layers import base
 from .matmul_precision import get_matmul_precision
@@ -107,14 +111,15 @@ class CapturedStep:
         if entry is None:
             self._entries[signature] = _EAGER if not taken.recording.launches else _Pending(staging, taken)
             return result
-        reason = _disagreement(entry.taken, taken) or _unreplayable(taken)
+        seed_slots = {}
+        reason = _disagreement(entry.taken, taken, seed_slots) or _unreplayable(taken)
         if reason:
             self._entries[signature] = _EAGER
             self.reasons[signature] = reason
             warnings.warn(f"{self.name}: this step cannot be replayed, so it runs eagerly every time: {reason}",
                           stacklevel=3)
         else:
-            self._entries[signature] = _Replay(staging, taken, self.watched)
+            self._entries[signature] = _Replay(staging, taken, self.watched, seed_slots)
         return result
 
 
@@ -197,10 +202,16 @@ def _same_value(a, b):
     return a == b or (a != a and b != b)   # NaN equals NaN here
 
 
-def _disagreement(first, second):
+def _disagreement(first, second, seed_slots):
     """Why two recordings of one batch signature do not describe the same
-    launches (None when they do)."""
+    launches (None when they do). Arguments that are the seeds the steps
+    drew from triflux's random stream (the same ordinal in both) are not a
+    disagreement: ``seed_slots`` gets ``{launch: [(argument, ordinal)]}``."""
     a, b = first.recording, second.recording
+    # memory made before the second step must be the memory the first read, but for moved state,
+    # which the first step wrote (new memory) and the second reads
+    moved_on = {(read.untyped_storage().data_ptr(), written.untyped_storage().data_ptr())
+                for _, read, written in first.moved}
     if a.phases.keys() != b.phases.keys() or [e - s for s, e in a.phases.values()] != \
             [e - s for s, e in b.phases.values()]:
         return (f"the two steps made different launches ({len(a.launches)} and {len(b.launches)}): the "
@@ -212,19 +223,38 @@ def _disagreement(first, second):
         if len(la[2]) != len(lb[2]) or la[3].keys() != lb[3].keys():
             return f"launch {i} ({kernel}) has other arguments in the second step"
         for k, (u, v) in enumerate(zip(la[2], lb[2])):
-            if not _same_value(u, v):
+            if _same_value(u, v):
+                if hasattr(v, "data_ptr") and v.untyped_storage().data_ptr() not in b.allocated \
+                        and u.data_ptr() != v.data_ptr() \
+                        and (u.untyped_storage().data_ptr(), v.untyped_storage().data_ptr()) not in moved_on:
+                    return (f"argument {k} of launch {i} ({kernel}) is a tensor made before the step that "
+                            f"differs between steps ({_show(v)}: a constant or an array chosen per step on "
+                            "the host) and would repeat")
+                continue
+            ordinal = _seed_ordinal(a, u)
+            if ordinal is None or ordinal != _seed_ordinal(b, v):
                 return (f"argument {k} of launch {i} ({kernel}) changes between steps ({_show(u)}, then "
-                        f"{_show(v)}): a value decided on the host per step (a random seed, a step count, "
-                        "a value of the data) would repeat")
+                        f"{_show(v)}): a value decided on the host per step (a step count, a value of the "
+                        "data, a random number not from triflux's stream) would repeat")
+            seed_slots.setdefault(i, []).append((k, ordinal))   # the replay draws it anew
         for key in la[3]:
             if not _same_value(la[3][key], lb[3][key]):
                 return f"{key} of launch {i} ({kernel}) changes between steps ({la[3][key]!r}, then {lb[3][key]!r})"
+    if len(a.seeds) != len(b.seeds):
+        return f"the two steps drew {len(a.seeds)} and {len(b.seeds)} random seeds"
     if not set(b.uploads) <= set(a.uploads):
         return ("the step copies host data to the device that differs between steps (a NumPy array or list "
                 "made inside the loss or the model, `gpu(...)` of new data): a replay would repeat the first "
                 "copy; move that data into the batch")
     if [m[1].shape for m in first.moved] != [m[1].shape for m in second.moved]:
         return "the step moves other state the second time"
+    return None
+
+
+def _seed_ordinal(rec, value):
+    """Which of ``rec``'s seeds ``value`` is (None: an argument, not a seed)."""
+    if type(value) is int and value in rec.seeds:
+        return rec.seeds.index(value)
     return None
 
 
@@ -253,7 +283,7 @@ class _Replay:
     both parities (moved state read from one buffer and written to the
     other, alternately), and the guards."""
 
-    def __init__(self, staging, taken, watched):
+    def __init__(self, staging, taken, watched, seed_slots):
         from .triton_kernels import launch    # a recording with launches: the kernels are loaded
         self.staging, self.taken, self.watched, self._launch = staging, taken, watched, launch
         rec = taken.recording
@@ -264,18 +294,23 @@ class _Replay:
             swaps[read.untyped_storage().data_ptr()] = (read, written)
             swaps[written.untyped_storage().data_ptr()] = (written, read)
         args_of_first = rec.launches[0][2]
-        self.runs = []
+        self.runs, self.seeded = [], []
         for parity in (0, 1):
-            per_phase = {}
-            for name in rec.phases:
-                runs = []
-                for kernel, grid, args, meta, compiled in rec.phase_launches(name):
+            per_phase, seeded = {}, {}
+            for name, (start, _) in rec.phases.items():
+                runs, slots = [], []
+                for j, (kernel, grid, args, meta, compiled) in enumerate(rec.phase_launches(name)):
                     if parity == 0:
                         args = tuple(_swapped(a, swaps) for a in args)
                     with launch.on_gpu_of(args):
                         runs.append(launch.prepare(kernel, grid, args, meta, compiled))
+                    if start + j in seed_slots:     # prepared again with the seeds each replay draws
+                        slots.append((j, seed_slots[start + j], (kernel, grid, args, meta, compiled)))
                 per_phase[name] = runs
+                seeded[name] = slots
             self.runs.append(per_phase)
+            self.seeded.append(seeded)
+        self.n_seeds = len(rec.seeds)
         self.device_args = args_of_first
         self.parity = 0
         owners = {id(owner) for owner, _, _ in moved}
@@ -311,6 +346,8 @@ class _Replay:
     def replay(self, step, batch, index):
         staged = _stage(batch, self.staging)
         runs, results, launch = self.runs[self.parity], self.taken.results, self._launch
+        if self.n_seeds:        # new seeds from triflux's stream, as many and in the order the step draws them
+            runs = self._reseeded(runs, [next_seed() for _ in range(self.n_seeds)])
 
         def phase(name, fn, *args):
             launch.run_prepared(runs[name], self.device_args)
@@ -322,6 +359,20 @@ class _Replay:
             moved[0]._data = moved[written]
         self.parity ^= 1
         return result
+
+    def _reseeded(self, runs, seeds):
+        """``runs`` with every launch that takes a seed prepared anew with ``seeds``."""
+        out = {}
+        for name, phase_runs in runs.items():
+            phase_runs = list(phase_runs)
+            for j, slots, (kernel, grid, args, meta, compiled) in self.seeded[self.parity][name]:
+                args = list(args)
+                for k, ordinal in slots:
+                    args[k] = seeds[ordinal]
+                with self._launch.on_gpu_of(args):
+                    phase_runs[j] = self._launch.prepare(kernel, grid, tuple(args), meta, compiled)
+            out[name] = phase_runs
+        return out
 
 
 def _swapped(a, swaps):

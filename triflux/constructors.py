@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 
 from . import dtypes as _dt
-from . import memory
+from . import memory, recording
 from .arguments import int_arg, is_int
 from .devices import as_device
 from .dispatch import create
@@ -27,7 +27,10 @@ def seed(s):
 
 def next_seed():
     """A fresh 31-bit seed for one random fill, from triflux's seeded stream."""
-    return int(_SEED["rng"].integers(0, 2**31 - 1))
+    value = int(_SEED["rng"].integers(0, 2**31 - 1))
+    if recording.ACTIVE is not None:
+        recording.note_seed(value)
+    return value
 
 
 def fill(shape, value, dtype=_dt.float32, device=None):
@@ -137,6 +140,8 @@ def empty_like(x):
     data = x._data
     try:
         fresh = np.empty_like(data) if x._device.is_cpu else data.new_empty(data.shape)
+        if recording.ACTIVE is not None and not x._device.is_cpu:
+            recording.note_allocation(fresh)
     except Exception as e:
         if memory.is_out_of_memory(e):
             raise memory.out_of_memory(e, data.shape, data.dtype,

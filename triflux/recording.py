@@ -21,14 +21,19 @@ class Recording:
     Triton returned, the compiled kernel on a real GPU). ``uploads``: a
     digest of each host array copied to the device. ``host_reads``: what
     read a device value on the host. ``device_copies``: copies between
-    devices. ``phases``: ``{name: (first launch, end)}``.
+    devices. ``seeds``: the seeds drawn from triflux's random stream
+    (dropout, random fills), in order. ``allocated``: the addresses of the
+    device memory allocated while recording (the step's own buffers; every
+    other tensor a launch reads was made before the step). ``phases``:
+    ``{name: (first launch, end)}``.
 
     Holding the launches holds their arguments: every buffer the step used
     stays allocated while the recording lives (as a CUDA graph's pool does).
     """
 
     def __init__(self):
-        self.launches, self.uploads, self.host_reads, self.device_copies = [], [], [], []
+        self.launches, self.uploads, self.host_reads, self.device_copies, self.seeds = [], [], [], [], []
+        self.allocated = set()
         self.phases = {}
 
     @contextlib.contextmanager
@@ -68,3 +73,13 @@ def note_host_read(tensor):
 def note_device_copy(tensor, target):
     """A copy from one device to another, into the open recording."""
     ACTIVE.device_copies.append(f"a {tuple(tensor.shape)} tensor from {tensor.device} to {target}")
+
+
+def note_seed(value):
+    """A seed drawn from triflux's random stream, into the open recording."""
+    ACTIVE.seeds.append(value)
+
+
+def note_allocation(tensor):
+    """Device memory allocated for the step (a torch tensor), into the open recording."""
+    ACTIVE.allocated.add(tensor.untyped_storage().data_ptr())

@@ -264,9 +264,11 @@ def transfer(t, device):
         return Tensor._make(torch_to_numpy(t._data), CPU)
     tdev = device.torch_device
     if src.is_cpu:
+        moved = numpy_to_torch(t._data, tdev)
         if recording.ACTIVE is not None:
             recording.note_upload(t._data)
-        return Tensor._make(numpy_to_torch(t._data, tdev), device)
+            recording.note_allocation(moved)
+        return Tensor._make(moved, device)
     if recording.ACTIVE is not None:
         recording.note_device_copy(t._data, tdev)
     return Tensor._make(_copy_to(t._data, tdev), device)

@@ -79,11 +79,14 @@ def empty(shape, dtype, device):
     bytes free, advice)."""
     try:
         # size= by keyword: torch parses it faster than a positional tuple (about 1 µs of 3)
-        return torch.empty(size=shape if isinstance(shape, tuple) else tuple(shape), dtype=dtype, device=device)
+        out = torch.empty(size=shape if isinstance(shape, tuple) else tuple(shape), dtype=dtype, device=device)
     except RuntimeError as e:       # torch.OutOfMemoryError is a RuntimeError
         if not is_out_of_memory(e):
             raise
         raise out_of_memory(e, shape, dtype, device) from None
+    if recording.ACTIVE is not None:
+        recording.note_allocation(out)
+    return out
 
 
 #: more than one GPU visible (then ``launch`` selects the tensors' GPU); None until first asked
