@@ -123,7 +123,7 @@ class CapturedStep:
         return result
 
 
-_EAGER = "eager"
+_EAGER = object()   # a batch signature that runs eagerly
 
 
 def _on_gpu(t):
