@@ -86,3 +86,22 @@ def rel(a, b):
 def call(module, name, direction, *args, **attrs):
     """``module.<name>_<direction>(*args, **attrs)``: a reference or kernel function by name."""
     return getattr(module, f"{name}_{direction}")(*args, **attrs)
+
+
+def assert_bit_identical(a, b, path="state"):
+    """Two nested structures of dicts, lists and NumPy arrays (``state(...)``)
+    equal bit for bit, NaN payloads included; the message names the path."""
+    import numpy as np
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), path
+        for k in a:
+            assert_bit_identical(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (u, v) in enumerate(zip(a, b)):
+            assert_bit_identical(u, v, f"{path}[{i}]")
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert a.tobytes() == b.tobytes(), f"{path} differs (by up to {np.nanmax(np.abs(a - b))})"
+    else:
+        assert a == b, path

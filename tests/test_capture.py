@@ -15,7 +15,7 @@ from triflux.errors import NonFiniteError
 from triflux.optimise import Adam, adjust, setup, train, train_step
 from triflux.persistence import loadmodel, state
 
-from helpers import DEVICES, device
+from helpers import DEVICES, assert_bit_identical, device
 
 pytestmark = pytest.mark.filterwarnings("error::UserWarning")
 
@@ -67,21 +67,8 @@ def batch(dev, shape, seed, nan=False):
 
 def same_state(a, b):
     """Bit-identical model and optimiser states (NaN payloads included)."""
-    def walk(u, v, path):
-        if isinstance(u, dict):
-            assert u.keys() == v.keys(), path
-            for k in u:
-                walk(u[k], v[k], f"{path}.{k}")
-        elif isinstance(u, (list, tuple)):
-            for i, (p, q) in enumerate(zip(u, v)):
-                walk(p, q, f"{path}[{i}]")
-        elif isinstance(u, np.ndarray):
-            assert u.dtype == v.dtype and u.shape == v.shape, path
-            assert u.tobytes() == v.tobytes(), f"{path} differs by {np.nanmax(np.abs(u - v))}"
-        else:
-            assert u == v, path
-    walk(state(a[0]), state(b[0]), "model")
-    walk(state(a[1]), state(b[1]), "opt_state")
+    assert_bit_identical(state(a[0]), state(b[0]), "model")
+    assert_bit_identical(state(a[1]), state(b[1]), "opt_state")
 
 
 def test_replayed_steps_are_the_eager_steps_through_a_failed_one_and_a_new_mode():

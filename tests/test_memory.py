@@ -9,6 +9,8 @@ from triflux import losses, optimise
 from triflux.errors import OutOfMemoryError
 from triflux.memory import MemoryStatus
 
+from helpers import assert_bit_identical
+
 needs_cuda = pytest.mark.skipif(not tf.functional("CUDA"), reason="no functional CUDA backend")
 
 
@@ -194,22 +196,6 @@ def _snapshot(model, opt):
     return tf.state(model), tf.state(opt)
 
 
-def _assert_bit_identical(a, b, path="state"):
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), path
-        for k in a:
-            _assert_bit_identical(a[k], b[k], f"{path}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (u, v) in enumerate(zip(a, b)):
-            _assert_bit_identical(u, v, f"{path}[{i}]")
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape, path
-        assert a.tobytes() == b.tobytes(), f"{path} changed"
-    else:
-        assert a == b, path
-
-
 @needs_cuda
 def test_out_of_memory_in_a_training_step_changes_nothing_and_training_goes_on(monkeypatch):
     dev = tf.CUDADevice(0)
@@ -242,13 +228,13 @@ def test_out_of_memory_in_a_training_step_changes_nothing_and_training_goes_on(m
         with pytest.raises(OutOfMemoryError) as e:
             _step(model, opt, xd, yd)
         assert "smaller batch" in str(e.value)
-        _assert_bit_identical(before, _snapshot(model, opt))
+        assert_bit_identical(before, _snapshot(model, opt))
     probe.fail_at = None
 
     # go on with a smaller batch: the same result as the run that never failed
     for xb, yb in halves:
         _step(model, opt, xb, yb)
-    _assert_bit_identical(expected, _snapshot(model, opt))
+    assert_bit_identical(expected, _snapshot(model, opt))
 
 
 @needs_cuda
@@ -266,4 +252,4 @@ def test_out_of_memory_inside_update_leaves_every_parameter(monkeypatch):
     with pytest.raises(OutOfMemoryError):
         optimise.update(opt, model, grads)
     assert probe.calls == 2
-    _assert_bit_identical(before, _snapshot(model, opt))
+    assert_bit_identical(before, _snapshot(model, opt))
