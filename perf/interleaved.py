@@ -6,7 +6,12 @@ with the other's in one process. Prints a table row per case: the medians,
 the ratio's median and range over the rounds, and the load average (the
 machine's other work) before and after.
 
-    .venv/bin/python perf/interleaved.py [rounds] [case ... | quick | all]
+    .venv/bin/python perf/interleaved.py [--one-thread] [rounds] [case ... | quick | all]
+
+``--one-thread`` runs both sides with one thread (OPENBLAS_NUM_THREADS,
+OMP_NUM_THREADS = 1) and takes, per process, the least CPU time per step over
+its timed groups: a measure the machine's other work hardly moves (above a
+load of ~2 both sides' two-thread pools collapse, and the plain ratio with them).
 
 The cases are ``python -m triflux bench``'s workloads (``quick``: mlp,
 unet_quick, rnn_seed, lstm_quick, seed_chain), the large ones (unet,
@@ -52,19 +57,22 @@ GROUPS = {"quick": ["mlp", "unet_quick", "rnn_seed", "lstm_quick", "seed_chain"]
                   "seed_chain_tiny", "add_tiny"]}
 
 
-def per_step(fn, n=10):
-    t = time.perf_counter()
+def per_step(fn, n=10, clock=time.perf_counter):
+    t = clock()
     for _ in range(n):
         fn()
-    return (time.perf_counter() - t) / n
+    return (clock() - t) / n
 
 
-def time_side(side, case="mlp"):
-    """Median seconds per step of one side, measured in this process."""
+def time_side(side, case="mlp", cpu=False):
+    """Seconds per step of one side, measured in this process: the median wall
+    time over the timed groups, or (``cpu``) the least CPU time of a group."""
     build, (warm, groups, per) = CASES[case]
     step = build(side)
     for _ in range(warm):
         step()
+    if cpu:
+        return min(per_step(step, per, time.process_time) for _ in range(groups))
     return statistics.median(per_step(step, per) for _ in range(groups))
 
 
@@ -72,35 +80,43 @@ def _ms(seconds):
     return f"{seconds * 1e3:.3f} ms" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
 
 
-def measure(case, rounds=6):
+#: the environment of a one-thread side: OpenBLAS (NumPy) and OpenMP (torch) pools of one
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def measure(case, rounds=6, one_thread=False):
     """(triflux's median, torch's median, the ratios of the rounds), alternating processes."""
     ta, tb = [], []
+    env = dict(os.environ, **ONE_THREAD) if one_thread else None
     for _ in range(rounds):
         for side, out in (("triflux", ta), ("torch", tb)):
-            r = subprocess.run([sys.executable, __file__, "--side", side, case], capture_output=True, text=True,
-                               check=True)
+            r = subprocess.run([sys.executable, __file__, "--side", side, case] + ["--cpu"] * one_thread,
+                               capture_output=True, text=True, check=True, env=env)
             out.append(float(r.stdout))
     return statistics.median(ta), statistics.median(tb), [x / y for x, y in zip(ta, tb)]
 
 
-def main(rounds=6, cases=("mlp",)):
-    print(f"{rounds} alternating process pairs per case; load: the 1-minute load average before -> after")
+def main(rounds=6, cases=("mlp",), one_thread=False):
+    print(f"{rounds} alternating process pairs per case; load: the 1-minute load average before -> after"
+          + ("; one thread each side, CPU time per step (the least over a process's groups)" if one_thread else ""))
     print("| case | triflux | torch | ratio (median) | range | load |\n| --- | --- | --- | --- | --- | --- |")
     for case in cases:
         before = os.getloadavg()[0]
-        a, b, ratios = measure(case, rounds)
+        a, b, ratios = measure(case, rounds, one_thread)
         print(f"| {case} | {_ms(a)} | {_ms(b)} | **{statistics.median(ratios):.2f}x** | "
               f"{min(ratios):.2f}x-{max(ratios):.2f}x | {before:.1f} -> {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--side":
-        print(time_side(sys.argv[2], sys.argv[3]))
+        print(time_side(sys.argv[2], sys.argv[3], cpu="--cpu" in sys.argv[4:]))
     else:
         args = sys.argv[1:]
+        one_thread = "--one-thread" in args
+        args = [a for a in args if a != "--one-thread"]
         n = int(args.pop(0)) if args and args[0].isdigit() else 6
         names = [c for a in (args or ["mlp"]) for c in GROUPS.get(a, [a])]
         unknown = [c for c in names if c not in CASES]
         if unknown:
             sys.exit(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join([*CASES, *GROUPS])}")
-        main(n, names)
+        main(n, names, one_thread)

@@ -7,7 +7,18 @@ converted to float32, every product and sum runs there, and the result is
 rounded to the 16-bit dtype once, at the end. A sum accumulated in the 16-bit
 type instead stalls once the partial sum is large next to each term: a
 thousand bfloat16 terms of 0.037 add up to 16 there (37.1 in float32).
+
+A forward may also keep intermediate results for the backward of the output
+it returns (``keep_for_backward``): the backward handed that very array reads
+them, and recomputes them for any other (the primitives' contract stays
+``backward(grad, out, *inputs)``). They go when the output is freed, and are
+kept only while a gradient is being recorded (``keeping_for_backward``, which
+``triflux.autodiff`` opens around the differentiated function): a forward
+outside one, whose output nobody differentiates, keeps nothing.
 """
+import contextlib
+import weakref
+
 import numpy as np
 
 from ..dtypes import compute_dtype
@@ -38,3 +49,36 @@ def unbroadcast(grad, shape):
         return grad.reshape(shape)
     summed = grad.sum(axis=axes, keepdims=True, dtype=compute_dtype(grad.dtype))
     return summed.astype(grad.dtype, copy=False).reshape(shape)
+
+
+#: id(output) -> (a weak reference to that output, what its forward kept for the backward)
+_KEPT = {}
+
+
+#: whether forwards keep results for their backward now (see the module docstring)
+_KEEPING = [False]
+
+
+@contextlib.contextmanager
+def keeping_for_backward():
+    """A block in which forwards keep what their backward will read."""
+    outer, _KEEPING[0] = _KEEPING[0], True
+    try:
+        yield
+    finally:
+        _KEEPING[0] = outer
+
+
+def keep_for_backward(out, *arrays):
+    """Keep ``arrays`` for the backward of the forward's output ``out``, as
+    long as ``out`` lives (inside :func:`keeping_for_backward` only)."""
+    if not _KEEPING[0]:
+        return
+    key = id(out)
+    _KEPT[key] = (weakref.ref(out, lambda _, key=key: _KEPT.pop(key, None)), arrays)
+
+
+def kept_for_backward(out):
+    """The arrays the forward kept with this very ``out`` (a tuple), or None."""
+    ref, arrays = _KEPT.get(id(out), (None, None))
+    return arrays if ref is not None and ref() is out else None

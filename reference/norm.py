@@ -22,7 +22,7 @@ import numpy as np
 
 from ..specs.norm import batchnorm_spec
 from ._activation import activate, through_activation
-from ._util import in_compute_dtype
+from ._util import in_compute_dtype, keep_for_backward, kept_for_backward
 
 
 def _spec(x, per_channel, eps, activation="identity"):
@@ -31,31 +31,32 @@ def _spec(x, per_channel, eps, activation="identity"):
                           activation)
 
 
-def _batch_stats(x, spec):
-    """Per-channel mean and biased variance over N and spatial positions
-    (keepdims). With no values per channel (N = 0), mean 0 and variance 0."""
-    axes = spec.reduced_axes
-    if spec.values_per_channel == 0:
-        z = np.zeros(spec.channel_shape, x.dtype)
-        return z, z
-    mean = np.mean(x, axis=axes, keepdims=True)
-    # one refinement: the rounding of the first mean (u |mean|) would otherwise
-    # dominate x - mean when the spread is small next to the mean (x ~ 50 +- 1)
-    mean = mean + np.mean(x - mean, axis=axes, keepdims=True)
-    var = np.mean((x - mean) ** 2, axis=axes, keepdims=True)
-    return mean, var
+class _BatchStats:
+    """Per-channel statistics of x over N and the spatial positions (keepdims),
+    from one sum of squares ss = sum (x - mean)^2:
 
+    ``mean``; ``centred`` = x - mean; ``var`` = ss / M (biased, normalising);
+    ``running_mean`` and ``unbiased`` = ss / (M - 1) (M - 1 taken as 1 when
+    M = 1), what a running average takes (a channel whose plain mean is +-inf
+    keeps it as its mean: torch's). With no values per channel (N = 0), zeros.
+    """
 
-def _running_stats(x, spec):
-    """The batch statistics a running average takes, per channel (C,): the
-    mean of :func:`_batch_stats` (a channel whose plain mean is +-inf keeps
-    it: torch's) and the unbiased variance sum (x - mu)^2 / (M - 1), with
-    M - 1 taken as 1 when M = 1."""
-    axes, m = spec.reduced_axes, spec.values_per_channel
-    mean, _ = _batch_stats(x, spec)
-    unbiased = np.sum((x - mean) ** 2, axis=axes) / x.dtype.type(max(m - 1, 1))
-    plain = np.mean(x, axis=axes, keepdims=True)
-    return np.where(np.isinf(plain), plain, mean).reshape(-1), unbiased
+    def __init__(self, x, spec):
+        axes, m = spec.reduced_axes, spec.values_per_channel
+        if m == 0:
+            z = np.zeros(spec.channel_shape, x.dtype)
+            self.mean = self.var = self.running_mean = self.unbiased = z
+            self.centred = x - z
+            return
+        plain = np.mean(x, axis=axes, keepdims=True)
+        # one refinement: the rounding of the first mean (u |mean|) would otherwise
+        # dominate x - mean when the spread is small next to the mean (x ~ 50 +- 1)
+        self.mean = plain + np.mean(x - plain, axis=axes, keepdims=True)
+        self.centred = x - self.mean
+        ss = np.sum(np.square(self.centred), axis=axes, keepdims=True)
+        self.var = ss / m
+        self.unbiased = ss.reshape(-1) / max(m - 1, 1)
+        self.running_mean = np.where(np.isinf(plain), plain, self.mean).reshape(-1)
 
 
 def batchnorm_running_update_forward(x, running_mean, running_var, momentum=0.1):
@@ -76,21 +77,22 @@ def batchnorm_running_update_forward(x, running_mean, running_var, momentum=0.1)
     return None
 
 
-def _move_running_stats(x, running, moved, momentum):
+def _move_running_stats(x, running, moved, momentum, stats=None):
     """Store the running statistics ``running`` = (mean, var) moved toward
     x's batch (:func:`batchnorm_running_update_forward`'s math) into
     ``moved`` = (mean, var): ``running`` itself to move in place, or other
-    vectors (which get ``running`` unchanged when there is nothing to move)."""
+    vectors (which get ``running`` unchanged when there is nothing to move).
+    ``stats``: x's :class:`_BatchStats`, where the caller has them."""
     spec = _spec(x, running + moved, 0.0)
     if spec.channels == 0 or spec.values_per_channel == 0:
         new_mean, new_var = running
     else:
         xc, old_mean, old_var = in_compute_dtype(x, *running)
-        mean, unbiased = _running_stats(xc, spec)
+        stats = stats if stats is not None else _BatchStats(xc, spec)
         take = xc.dtype.type(momentum)
         keep = 1 - take
-        new_mean = keep * old_mean + take * mean
-        new_var = keep * old_var + take * unbiased
+        new_mean = keep * old_mean + take * stats.running_mean
+        new_var = keep * old_var + take * stats.unbiased
     moved[0][...] = np.asarray(new_mean).astype(moved[0].dtype)
     moved[1][...] = np.asarray(new_var).astype(moved[1].dtype)
 
@@ -111,13 +113,15 @@ def batchnorm_train_forward(x, gamma, beta, running_mean=None, running_var=None,
     moved = () if moved_mean is None else (moved_mean, moved_var)
     spec = _spec(x, (gamma, beta) + running + moved, eps, activation)
     xc, gamma, beta = in_compute_dtype(x, gamma, beta)
-    mean, var = _batch_stats(xc, spec)
-    xhat = (xc - mean) / np.sqrt(var + xc.dtype.type(eps))
+    stats = _BatchStats(xc, spec)
     shape = spec.channel_shape
-    y = activate(gamma.reshape(shape) * xhat + beta.reshape(shape), spec.activation)
-    y = y.astype(spec.dtype)
+    z = np.divide(stats.centred, np.sqrt(stats.var + xc.dtype.type(eps)), out=stats.centred)   # xhat, over x - mean
+    z *= gamma.reshape(shape)
+    z += beta.reshape(shape)
+    y = activate(z, spec.activation).astype(spec.dtype, copy=False)
     if running:
-        _move_running_stats(x, running, moved or running, momentum)
+        _move_running_stats(x, running, moved or running, momentum, stats)
+    keep_for_backward(y, stats.mean, stats.var)
     return y
 
 
@@ -130,25 +134,36 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, runni
     dx       = gamma * istd / M * (M g - dbeta - xhat * dgamma)
 
     (dx includes the paths through mu and s2.) ``out`` serves act' only:
-    xhat is recomputed from x. The running (and moved) statistics, when
-    given, get no gradient (None).
+    xhat is recomputed from x, with the batch's mean and variance that the
+    forward kept with ``out`` (or recomputed for another array). The running
+    (and moved) statistics, when given, get no gradient (None).
     """
     none_for_running = (None,) * sum(v is not None for v in (running_mean, running_var, moved_mean, moved_var))
     spec = _spec(x, (gamma, beta), eps, activation)
     dtypes = x.dtype, np.asarray(gamma).dtype, np.asarray(beta).dtype
+    kept = kept_for_backward(out)
     x, gamma, beta, g, y = in_compute_dtype(x, gamma, beta, grad, out)
     g = through_activation(g, y, spec.activation)
     axes, shape, m = spec.reduced_axes, spec.channel_shape, spec.values_per_channel
-    mean, var = _batch_stats(x, spec)
+    if kept is None:
+        stats = _BatchStats(x, spec)
+        mean, var = stats.mean, stats.var
+    else:
+        mean, var = (v.astype(x.dtype, copy=False) for v in kept)
     istd = 1 / np.sqrt(var + x.dtype.type(eps))
-    xhat = (x - mean) * istd
+    xhat = x - mean
+    xhat *= istd
     dbeta = np.sum(g, axis=axes)
     dgamma = np.sum(g * xhat, axis=axes)
     if m == 0:
         dx = np.zeros_like(x)
-    else:
-        dx = gamma.reshape(shape) * istd / m * (m * g - dbeta.reshape(shape) - xhat * dgamma.reshape(shape))
-    return (dx.astype(dtypes[0]), dgamma.astype(dtypes[1]), dbeta.astype(dtypes[2])) + none_for_running
+    else:   # the formula's passes in place, in its order
+        dx = m * g
+        dx -= dbeta.reshape(shape)
+        xhat *= dgamma.reshape(shape)
+        dx -= xhat
+        dx *= gamma.reshape(shape) * istd / m
+    return (dx.astype(dtypes[0], copy=False), dgamma.astype(dtypes[1]), dbeta.astype(dtypes[2])) + none_for_running
 
 
 def batchnorm_test_forward(x, gamma, beta, mean, var, eps=1e-5, activation="identity"):

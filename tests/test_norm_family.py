@@ -645,3 +645,22 @@ def test_gpu_split_of_drawn_cases(tiny_gpu_plan):
         for a, e in zip(_kernel_running_update(x, mean, var, update.attrs["momentum"]), want):
             _assert_matches(a, e, f"running statistics {x.shape}")
     check()
+
+
+def test_batchnorm_backward_reads_the_statistics_its_forward_kept():
+    """Inside a recorded gradient the reference forward keeps the batch mean
+    and variance with its output: the backward of that very array reads them,
+    of a copy recomputes them, with the same gradients bit for bit."""
+    from triflux.reference import norm
+    from triflux.reference._util import keeping_for_backward, kept_for_backward
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4, 5, 5)) * 3 + 50
+    gamma, beta = rng.standard_normal(4), rng.standard_normal(4)
+    with keeping_for_backward():
+        y = norm.batchnorm_train_forward(x, gamma, beta, activation="relu")
+    assert kept_for_backward(y) is not None and kept_for_backward(y.copy()) is None
+    g = rng.standard_normal(y.shape)
+    kept = norm.batchnorm_train_backward(g, y, x, gamma, beta, activation="relu")
+    recomputed = norm.batchnorm_train_backward(g, y.copy(), x, gamma, beta, activation="relu")
+    for a, b in zip(kept, recomputed):
+        np.testing.assert_array_equal(a, b)

@@ -112,3 +112,12 @@ def test_adam_in_cache_blocks_is_the_whole_array_update():
     strided = np.zeros((n, 2), np.float32)[:, 0]
     ref.adamw_update_forward(strided, g, m, v, lambd=0.0, **hyper)
     assert np.count_nonzero(strided) > n // 2
+
+
+def test_interleaved_one_thread_prints_cpu_times():
+    r = run_python("import runpy, sys; sys.argv = ['interleaved.py', '--one-thread', '1', 'add_tiny']; "
+                   "runpy.run_path('perf/interleaved.py', run_name='__main__')", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "one thread each side, CPU time per step" in r.stdout
+    row = [line for line in r.stdout.splitlines() if line.startswith("| add_tiny |")]
+    assert len(row) == 1 and row[0].count("|") == 7 and "x-" in row[0]

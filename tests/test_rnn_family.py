@@ -9,12 +9,15 @@ the launch count of a sequence does not grow with its length; integer and
 mixed dtypes and bad shapes raise errors that say so; torch only allocates
 and views on the Triton path.
 """
+import weakref
+
 import numpy as np
 import pytest
 
 from triflux import backend
 from triflux.errors import DTypeError, ShapeError
 from triflux.reference import rnn as ref
+from triflux.reference._util import keeping_for_backward, kept_for_backward
 
 KERNELS = backend.functional("CUDA")
 needs_kernels = pytest.mark.skipif(not KERNELS, reason="no functional GPU backend "
@@ -71,6 +74,29 @@ def test_long_sequence_gradients_are_finite_on_the_reference(name, attrs):
             assert np.all(np.isfinite(gr)), f"{name}: gradient of input {k} over L=200 is not finite"
         # the gradient reaches the first step (and does not explode for these gated cells)
         assert np.abs(grads[0][:, 0]).max() > 0
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_lstm_backward_reads_the_gates_its_forward_kept(dtype):
+    """Inside a recorded gradient the reference LSTM forward keeps its gates
+    and states with the output it returns, while that output lives: the
+    backward of that very array reads them, the backward of any other (a
+    copy) recomputes them from x and h, and both give the same gradients
+    (float16: computed in float32 either way). Outside, it keeps nothing."""
+    ins = [a.astype(dtype) for a in _inputs("lstm_sequence", 3, 6, 2, 5, seed=7)]
+    assert kept_for_backward(ref.lstm_sequence_forward(*ins)) is None
+    with keeping_for_backward():
+        out = ref.lstm_sequence_forward(*ins)
+    g = np.random.default_rng(8).standard_normal(out.shape).astype(dtype)
+    recomputed = ref.lstm_sequence_backward(g, out.copy(), *ins)
+    kept = ref.lstm_sequence_backward(g, out, *ins)
+    tol = 1e-12 if dtype == np.float64 else 2e-3
+    for k, (a, b) in enumerate(zip(kept, recomputed)):
+        assert a.dtype == b.dtype == dtype and a.flags.c_contiguous
+        np.testing.assert_allclose(a.astype(float), b.astype(float), rtol=tol, atol=tol, err_msg=f"input {k}")
+    gates = weakref.ref(kept_for_backward(out)[0])
+    del out
+    assert gates() is None, "the kept gates outlive their output"
 
 
 #: the kernels' sequence length: 200 on a GPU; the interpreter pays ~0.1 ms per

@@ -26,6 +26,7 @@ from .dtypes import is_floating
 from .errors import GradientError
 from .modes import all_or_nothing
 from .primitives import REGISTRY
+from .reference._util import keeping_for_backward
 from .tensor import Tensor, as_tensor
 
 
@@ -124,7 +125,8 @@ def differentiate(f, args, who="gradient"):
         recording = tape.Tape(watched)
         tape.TAPE = recording
         try:
-            y = f(*args)
+            with keeping_for_backward():    # the CPU reference's forwards keep what their backward reads
+                y = f(*args)
         finally:
             tape.TAPE = None
         if not isinstance(y, Tensor):
