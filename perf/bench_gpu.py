@@ -4,7 +4,8 @@ the same process, at the same precision.
 * conv2d forward, and forward + backward (input and weight gradients), at the
   shapes of each UNet level;
 * a full UNet training step (forward, backward, Adam): images per second and
-  peak device memory on both sides.
+  peak device memory on both sides; eager, and captured (``tf.capture_step``:
+  the step's launches replayed without the Python that made them).
 
 float32 runs with TF32 off on both sides (triflux's float32 dots use
 ``input_precision="ieee"``; torch's cuDNN and cuBLAS are told not to use TF32),
@@ -143,15 +144,16 @@ def main(argv=None):
     print("\n| UNet training step | dtype | triflux img/s | torch img/s | time ratio | peak memory triflux | "
           "peak memory torch |\n| --- | --- | --- | --- | --- | --- | --- |")
     for dtype in dtypes:
-        a = triflux_unet_step(cfg, device="cuda", dtype=dtype)
-        b = torch_unet_step(cfg, device=device, dtype=dtype)
-        ta, tb = timed(a, torch, reps, warmup), timed(b, torch, reps, warmup)
-        ma, mb = peak_memory(a, torch), peak_memory(b, torch)
-        mib = lambda m: "-" if m is None else f"{m / 2 ** 20:.0f} MiB"
-        rows.append(dict(what="unet-step", dtype=dtype, triflux_s=ta, torch_s=tb, triflux_peak=ma, torch_peak=mb,
-                         batch=cfg["batch"]))
-        print(f"| UNet step | {dtype} | {cfg['batch'] / ta:.1f} | {cfg['batch'] / tb:.1f} | {ta / tb:.2f}x | "
-              f"{mib(ma)} | {mib(mb)} |")
+        for what, capture in (("UNet step", False), ("UNet step, captured", True)):
+            a = triflux_unet_step(cfg, device="cuda", dtype=dtype, capture=capture)
+            b = torch_unet_step(cfg, device=device, dtype=dtype)
+            ta, tb = timed(a, torch, reps, warmup), timed(b, torch, reps, warmup)
+            ma, mb = peak_memory(a, torch), peak_memory(b, torch)
+            mib = lambda m: "-" if m is None else f"{m / 2 ** 20:.0f} MiB"     # noqa: E731
+            rows.append(dict(what="unet-step-captured" if capture else "unet-step", dtype=dtype, triflux_s=ta,
+                             torch_s=tb, triflux_peak=ma, torch_peak=mb, batch=cfg["batch"]))
+            print(f"| {what} | {dtype} | {cfg['batch'] / ta:.1f} | {cfg['batch'] / tb:.1f} | {ta / tb:.2f}x | "
+                  f"{mib(ma)} | {mib(mb)} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=name, torch=torch.__version__, triton=backend.triton().__version__, cfg=cfg,

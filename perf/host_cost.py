@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import triflux as tf  # noqa: E402
-from triflux import benchmarks, losses, models, recording  # noqa: E402
+from triflux import benchmarks, recording  # noqa: E402
 from triflux.triton_kernels import launch as kernel_launch  # noqa: E402
 
 LAUNCHES = [0]
@@ -103,15 +103,7 @@ def unet_step():
 def captured_unet_step():
     """The same step (model, data, loss, Adam) as ``train``'s step captured
     with ``tf.capture_step``: recorded twice here, replayed when timed."""
-    cfg = benchmarks.UNET
-    dev = tf.CUDADevice(0)
-    model = dev(models.UNet(cfg["in_channels"], cfg["classes"], depth=cfg["depth"], base_channels=cfg["base"]))
-    opt = tf.setup(tf.Adam(1e-3), model)
-    x, y = (dev(a.astype(np.float32)) for a in benchmarks.unet_data(cfg))
-    step = tf.capture_step(lambda m, x, y: losses.logitcrossentropy(m(x), y, dims=1), model, opt)
-    step(x, y)
-    step(x, y)
-    return lambda: step(x, y)
+    return benchmarks.triflux_unet_step(benchmarks.UNET, device="cuda", capture=True)
 
 
 def launchers():

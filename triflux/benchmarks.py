@@ -89,9 +89,11 @@ def unet_data(cfg=UNET):
     return x, np.ascontiguousarray(y)
 
 
-def triflux_unet_step(cfg=UNET, device="cpu", dtype="float32"):
+def triflux_unet_step(cfg=UNET, device="cpu", dtype="float32", capture=False):
     """A closure running one triflux training step of ``triflux.models.UNet``
-    (per-pixel logitcrossentropy, Adam)."""
+    (per-pixel logitcrossentropy, Adam); ``capture=True``: ``train``'s step
+    through ``capture_step``, recorded here on two steps, so the closure
+    replays (on a GPU; on the CPU it runs eagerly)."""
     dev = _tf_device(device)
     model = models.UNet(cfg["in_channels"], cfg["classes"], depth=cfg["depth"], base_channels=cfg["base"])
     if dtype != "float32":
@@ -100,6 +102,11 @@ def triflux_unet_step(cfg=UNET, device="cpu", dtype="float32"):
     opt = optimise.setup(optimise.Adam(1e-3), model)
     x, y = unet_data(cfg)
     xt, yt = dev(x.astype(_np_dtype(dtype))), dev(y.astype(_np_dtype(dtype)))
+    if capture:
+        captured = tf.capture_step(lambda m, x, y: losses.logitcrossentropy(m(x), y, dims=1), model, opt)
+        captured(xt, yt)
+        captured(xt, yt)
+        return lambda: captured(xt, yt)
 
     def step():
         _, (g,) = tf.withgradient(lambda m: losses.logitcrossentropy(m(xt), yt, dims=1), model)
