@@ -236,3 +236,21 @@ def test_train_with_capture_is_train(name):
 def test_capture_step_refuses_a_rule():
     with pytest.raises(TypeError, match="setup"):
         tf.capture_step(losses.mse, mlp(), Adam())
+
+
+def test_a_float64_step_with_fills_inside_replays():
+    """float64 fills reach the device through a one-element host copy: that is
+    the step's own memory and data, so the step still replays, as eager."""
+    dev = device("cuda")
+    (eager, captured), shape, _ = twins("mlp", dev)
+    eager, captured = [(m, setup(Adam(1e-2), m)) for m in (tf.f64(eager[0]), tf.f64(captured[0]))]
+
+    def loss(m, x, y):
+        return losses.mse(m(x), y) + tf.zeros(1, dtype=np.float64, device=dev).sum()
+    step = tf.capture_step(loss, *captured)
+    for i in range(3):
+        x, y = batch(dev, shape, i)
+        b = (x.astype(np.float64), y.astype(np.float64))
+        assert train_step(loss, *eager, b, i) == step(*b)
+        same_state(captured, eager)
+    assert step.stats["replayed"] == 1, step.reasons

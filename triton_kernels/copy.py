@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from triflux import recording
 from triflux.memory import is_out_of_memory, out_of_memory
 
 from . import launch
@@ -106,11 +107,15 @@ def full(shape, value, dtype, device):
         in_buffer = dtype == torch.float64 or (not dtype.is_floating_point and abs(value) >= 2 ** 24)
         if in_buffer:
             try:  # a host-to-device copy of one element
-                value_buffer = torch.tensor([value], dtype=dtype).to(out.device)
+                host = torch.tensor([value], dtype=dtype)
+                value_buffer = host.to(out.device)
             except RuntimeError as e:
                 if not is_out_of_memory(e):
                     raise
                 raise out_of_memory(e, (1,), dtype, out.device) from None
+            if recording.ACTIVE is not None:     # a captured step: memory of the step, host data copied
+                recording.note_upload(host.numpy())
+                recording.note_allocation(value_buffer)
         else:
             value_buffer = out
         block = launch.block_for(n)
