@@ -214,7 +214,9 @@ def test_a_step_that_cannot_be_replayed_runs_eagerly_and_says_why(what):
     caught = [w for w in caught if "capture_step" in str(w.message)]
     assert len(caught) == 1 and "runs eagerly" in str(caught[0].message), [str(w.message) for w in caught]
     assert any(r in str(caught[0].message) for r in reason.split("|")), str(caught[0].message)
-    assert step.stats == {"eager": 1, "recorded": 2, "replayed": 0}, step.stats
+    # a host read is seen in the first recording, a difference between steps in the second
+    assert step.stats == ({"eager": 2, "recorded": 1, "replayed": 0} if what == "host read" else
+                          {"eager": 1, "recorded": 2, "replayed": 0}), step.stats
     assert list(step.reasons.values())[0] in str(caught[0].message)
 
 

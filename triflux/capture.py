@@ -108,16 +108,18 @@ class CapturedStep:
             Tensor._make(t._data.new_empty(t._data.shape), t._device) if _on_gpu(t) else None for t in batch]
         result, taken = _record(self.step, batch, staging, index)
         self.stats["recorded"] += 1
-        if entry is None:
-            self._entries[signature] = _EAGER if not taken.recording.launches else _Pending(staging, taken)
-            return result
-        seed_slots = {}
-        reason = _disagreement(entry.taken, taken, seed_slots) or _unreplayable(taken)
-        if reason:
+        seed_slots, reason = {}, None
+        if taken.recording.launches:    # what one recording shows at once, then what two show
+            reason = _unreplayable(taken) or (entry and _disagreement(entry.taken, taken, seed_slots))
+        if not taken.recording.launches:            # the CPU: nothing to replay
+            self._entries[signature] = _EAGER
+        elif reason:
             self._entries[signature] = _EAGER
             self.reasons[signature] = reason
             warnings.warn(f"{self.name}: this step cannot be replayed, so it runs eagerly every time: {reason}",
                           stacklevel=3)
+        elif entry is None:
+            self._entries[signature] = _Pending(staging, taken)
         else:
             self._entries[signature] = _Replay(staging, taken, self.watched, seed_slots)
         return result
