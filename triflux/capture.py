@@ -316,11 +316,12 @@ class _Replay:
         self.device_args = args_of_first
         self.parity = 0
         owners = {id(owner) for owner, _, _ in moved}
-        tensors = [t for t in leaves(watched) if isinstance(t, Tensor) and id(t) not in owners]
+        arrays = leaves(watched)
+        tensors = [t for t in arrays if isinstance(t, Tensor) and id(t) not in owners]
         self.fixed = [(t, t._data) for t in tensors]
         layers, self.containers = _layers_and_containers(watched)
         self.modes = [(layer, layer.active) for layer in layers if "active" in vars(layer)]
-        self.leaf_ids = {id(t) for t in leaves(watched)}
+        self.leaf_ids = set(map(id, arrays))
         self.writes = base.ATTRIBUTE_WRITES
         self.precision = get_matmul_precision()
 

@@ -1019,10 +1019,11 @@ def train(loss, model, data, opt_state, *, progress=False, capture=False):
                           stacklevel=2)
         else:
             it = tqdm(data, desc="train", leave=False)
-    step = capture_step(loss, model, opt_state, name="train") if capture else None
+    step = capture_step(loss, model, opt_state, name="train").run if capture else \
+        partial(train_step, loss, model, opt_state)
     losses = []
     for i, batch in enumerate(it):
-        v = step.run(batch, i) if capture else train_step(loss, model, opt_state, batch, i)
+        v = step(batch, i)
         losses.append(v)
         if progress and hasattr(it, "set_postfix"):
             it.set_postfix(loss=f"{v:.4g}")

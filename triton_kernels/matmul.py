@@ -211,9 +211,10 @@ def matrix_product(a, b, out_dtype=None):
     if get_autotune() and not launch.INTERPRET:
         M, N, nbatch = spec.m, spec.n, spec.batch_size
         tiles = _GPU_TILES.get(kind, _GPU_TILES[None])
-        pick = best_tile(tiles, lambda blocks: nbatch * launch.cdiv(M, blocks[0]) * launch.cdiv(N, blocks[1]), sms)
-        for tuned in TUNED_NAMES + ("num_warps", "num_stages"):
-            meta.pop(tuned, None)
+        chosen = tuple(meta.pop(name) for name in TUNED_NAMES)       # the plan's tile: the model's pick
+        pick = next(tile for tile in tiles if tile[0] == chosen)
+        meta.pop("num_warps", None)
+        meta.pop("num_stages", None)
         _tuned_matmul().launch(
             lambda tile: (nbatch * launch.cdiv(M, tile["BLOCK_SIZE_M"]) * launch.cdiv(N, tile["BLOCK_SIZE_N"]),),
             tuning.ranked(tiles, pick), a, b, c, *args, **meta, DOT=kind)
