@@ -21,8 +21,14 @@ Everything is im2col (a strided view of the padded input, then one copy laid
 out as (channel, tap) rows by pixel columns) followed by one ``matmul``, per
 group of samples (one sample of a large image, the whole batch of a small
 one); the input gradient is one ``matmul`` followed by col2im, one slice-add
-per kernel tap (kh*kw of them), never a loop over pixels. float16/bfloat16
-compute in float32 and round once at the end; float32 and float64 stay as they are.
+per kernel tap (kh*kw of them), never a loop over pixels. The groups are
+independent, so they run on all the threads at once (``_threads``: copies and
+products alike); a fused layer's bias, activation and activation derivative
+are applied group by group, while the group's block is in cache. How many
+samples a group holds depends on the thread count (each thread gets a group),
+so sums over groups may round differently on machines with other core counts.
+float16/bfloat16 compute in float32 and round once at the end; float32 and
+float64 stay as they are.
 """
 import math
 import threading
@@ -31,6 +37,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..specs.conv import conv2d_bias_act_spec, conv2d_spec, conv_transpose2d_spec
+from ._threads import in_parallel, thread_count
 from ._activation import activate, through_activation
 from ._util import in_compute_dtype
 
@@ -95,23 +102,23 @@ _GROUP_PIXELS = 2048
 
 def _sample_groups(n, pixels):
     """Slices of consecutive samples (of ``n``), each with ``_GROUP_PIXELS`` or
-    more output ``pixels`` (the last one fewer)."""
-    per = max(1, -(-_GROUP_PIXELS // max(pixels, 1)))
+    more output ``pixels`` (the last one fewer), and at least as many groups as
+    the threads that run them (``_threads``) where there are enough samples."""
+    per = min(max(1, -(-_GROUP_PIXELS // max(pixels, 1))), max(1, -(-n // thread_count())))
     return [slice(start, min(start + per, n)) for start in range(0, n, per)]
 
 
-def _im2col_groups(xp, spec, pixels):
-    """For each group of samples (``_sample_groups``), the slice and its im2col
-    matrices (G, Cg*kh*kw, S*Ho*Wo) of the padded input xp: rows (c, i, j) of
-    group g, columns the output pixels (n, p, q), so one matrix product per
-    group serves all S samples. The copy into the scratch buffer is the one
-    copy im2col makes; its inner axis runs along an image row."""
-    for s in _sample_groups(xp.shape[0], pixels):
-        view = _windows(xp[s], spec).transpose(1, 2, 3, 0, 4, 5)   # (C, kh, kw, S, Ho, Wo)
-        cols = _SCRATCH.array("cols", view.shape, xp.dtype)
-        np.copyto(cols, view)
-        C, kh, kw = view.shape[:3]
-        yield s, cols.reshape(spec.groups, C // spec.groups * kh * kw, -1)
+def _im2col(xp, spec):
+    """The im2col matrices (G, Cg*kh*kw, S*Ho*Wo) of a group of S samples of
+    the padded input xp: rows (c, i, j) of group g, columns the output pixels
+    (n, p, q), so one matrix product serves all S samples. The copy into the
+    scratch buffer is the one copy im2col makes; its inner axis runs along an
+    image row."""
+    view = _windows(xp, spec).transpose(1, 2, 3, 0, 4, 5)   # (C, kh, kw, S, Ho, Wo)
+    cols = _SCRATCH.array("cols", view.shape, xp.dtype)
+    np.copyto(cols, view)
+    C, kh, kw = view.shape[:3]
+    return cols.reshape(spec.groups, C // spec.groups * kh * kw, -1)
 
 
 def _batch_inside(g, groups):
@@ -120,20 +127,74 @@ def _batch_inside(g, groups):
     return g.reshape(S, groups, O // groups, Ho * Wo).transpose(1, 2, 0, 3).reshape(groups, O // groups, S * Ho * Wo)
 
 
-def _conv2d(x, w, spec):
+def _conv2d(x, w, spec, bias=None, activation="identity"):
     """The forward formula (module docstring), in the compute dtype, for x
-    of the spec's input shape."""
+    of the spec's input shape; with ``bias`` and ``activation``,
+    act(conv2d(x, w) + b), added to each group's output while it is in cache."""
     N = x.shape[0]
     O, Cg, kh, kw = w.shape
     G = spec.groups
     Ho, Wo = spec.out_shape[2:]
     wm = w.reshape(G, O // G, Cg * kh * kw)
     y = np.empty((N, O, Ho, Wo), dtype=x.dtype)
-    for s, cols in _im2col_groups(_padded(x, spec.padding), spec, Ho * Wo):
+
+    def group(s):
         # the weights (G, O/G, Cg*kh*kw) times the im2col matrix (G, Cg*kh*kw, S*Ho*Wo):
         # y[g, o, (n, p, q)] = sum_{(c, i, j)} w[g, o, (c, i, j)] * cols[g, (c, i, j), (n, p, q)]
-        y[s] = np.matmul(wm, cols).reshape(O, -1, Ho, Wo).transpose(1, 0, 2, 3)
+        z = np.matmul(wm, _im2col(_padded(x[s], spec.padding), spec)).reshape(O, -1, Ho, Wo).transpose(1, 0, 2, 3)
+        if bias is not None:
+            z += bias.reshape(1, -1, 1, 1)
+        y[s] = activate(z, activation)
+    in_parallel(group, _sample_groups(N, Ho * Wo))
     return y
+
+
+def _input_grad_buffer(g, w, spec):
+    """The zeroed padded input gradient dxp for :func:`_add_input_grad` and
+    whether col2im runs along the image rows laid end to end (``runs``)."""
+    N, C, H, W = spec.x_shape
+    (pt, pb, pl, pr), Wo = spec.padding, g.shape[3]
+    Hp, Wp = H + pt + pb, W + pl + pr
+    # Stride 1: with the rows of the padded image laid end to end, tap (i, j) moves
+    # every output pixel by the same i*dh*Wp + j*dw, so its slice-add is one long
+    # run per channel. g gets zero columns up to the padded width Wp; their
+    # products (exact zeros for finite weights) land on pixels real ones reach too.
+    # Worth it for wide images only, where those columns add few products.
+    runs = spec.stride == (1, 1) and 16 * (Wp - Wo) <= Wo and bool(np.isfinite(w).all())
+    return np.zeros((N, C, Hp + int(runs), Wp), dtype=g.dtype), runs    # (runs: a spare row for the last run)
+
+
+def _add_input_grad(dxp, runs, g, w, spec):
+    """col2im of a group of samples: adds conv2d's input gradient for their
+    output gradient g (S, O, Ho, Wo) into their padded dxp (S, C, Hp (+ 1), Wp)
+    (the formula at :func:`_conv2d_input_grad`)."""
+    S, C, _, Wp = dxp.shape
+    O, Cg, kh, kw = w.shape
+    G, (sh, sw), (dh, dw) = spec.groups, spec.stride, spec.dilation
+    Ho, Wo = g.shape[2:]
+    if runs:                                                   # g's rows widened to Wp by zeros
+        gw = _SCRATCH.array("g", (S, O, Ho, Wp), g.dtype)
+        gw[..., :Wo], gw[..., Wo:] = g, 0
+        g = gw
+    dcols = _SCRATCH.array("cols", (G, Cg * kh * kw, S * Ho * g.shape[3]), g.dtype)
+    np.matmul(w.reshape(G, O // G, Cg * kh * kw).transpose(0, 2, 1), _batch_inside(g, G), out=dcols)
+    dcols = dcols.reshape(C, kh, kw, S, Ho, g.shape[3])
+    d = dxp.transpose(1, 0, 2, 3)                              # (C, S, Hp (+ 1), Wp), a view
+    rows = dxp.reshape(S, C, -1).transpose(1, 0, 2)            # the same with its rows end to end
+    for i in range(kh):
+        for j in range(kw):
+            if runs:
+                start = i * dh * Wp + j * dw
+                rows[:, :, start: start + Ho * Wp] += dcols[:, i, j].reshape(C, S, Ho * Wp)
+            else:
+                d[:, :, i * dh: i * dh + sh * (Ho - 1) + 1: sh,
+                  j * dw: j * dw + sw * (Wo - 1) + 1: sw] += dcols[:, i, j]
+
+
+def _cropped(dxp, spec):
+    """dx: the padded input gradient with the padding cropped off (a view)."""
+    (pt, _, pl, _), (H, W) = spec.padding, spec.x_shape[2:]
+    return dxp[:, :, pt: pt + H, pl: pl + W]
 
 
 def _conv2d_input_grad(g, w, spec):
@@ -146,39 +207,33 @@ def _conv2d_input_grad(g, w, spec):
     (per group of samples one matmul, then one slice-add per kernel tap (i, j)).
     This is also conv_transpose2d's forward, whose ``g`` may lack the
     bottom/right rows and columns of the spec's output that no input position reaches."""
-    N, C, H, W = spec.x_shape
-    O, Cg, kh, kw = w.shape
-    G = spec.groups
-    (sh, sw), (pt, pb, pl, pr), (dh, dw) = spec.stride, spec.padding, spec.dilation
-    Hp, Wp = H + pt + pb, W + pl + pr
-    Ho, Wo = g.shape[2], g.shape[3]
-    wt = w.reshape(G, O // G, Cg * kh * kw).transpose(0, 2, 1)   # (G, Cg*kh*kw, O/G)
-    # Stride 1: with the rows of the padded image laid end to end, tap (i, j) moves
-    # every output pixel by the same i*dh*Wp + j*dw, so its slice-add is one long
-    # run per channel. g gets zero columns up to the padded width Wp; their
-    # products (exact zeros for finite weights) land on pixels real ones reach too.
-    # Worth it for wide images only, where those columns add few products.
-    runs = spec.stride == (1, 1) and 16 * (Wp - Wo) <= Wo and bool(np.isfinite(w).all())
-    dxp = np.zeros((N, C, Hp + int(runs), Wp), dtype=g.dtype)    # (runs: a spare row for the last run)
-    for s in _sample_groups(N, Ho * Wo):
-        S, gs = s.stop - s.start, g[s]
-        if runs:                                                   # g's rows widened to Wp by zeros
-            gs = _SCRATCH.array("g", (S, O, Ho, Wp), g.dtype)
-            gs[..., :Wo], gs[..., Wo:] = g[s], 0
-        dcols = _SCRATCH.array("cols", (G, Cg * kh * kw, S * Ho * gs.shape[3]), g.dtype)
-        np.matmul(wt, _batch_inside(gs, G), out=dcols)
-        dcols = dcols.reshape(C, kh, kw, S, Ho, gs.shape[3])
-        d = dxp[s].transpose(1, 0, 2, 3)                           # (C, S, Hp (+ 1), Wp), a view
-        rows = dxp.reshape(N, C, -1)[s].transpose(1, 0, 2)          # the same with its rows end to end
-        for i in range(kh):
-            for j in range(kw):
-                if runs:
-                    start = i * dh * Wp + j * dw
-                    rows[:, :, start: start + Ho * Wp] += dcols[:, i, j].reshape(C, S, Ho * Wp)
-                else:
-                    d[:, :, i * dh: i * dh + sh * (Ho - 1) + 1: sh,
-                      j * dw: j * dw + sw * (Wo - 1) + 1: sw] += dcols[:, i, j]
-    return dxp[:, :, pt: pt + H, pl: pl + W]
+    dxp, runs = _input_grad_buffer(g, w, spec)
+    in_parallel(lambda s: _add_input_grad(dxp[s], runs, g[s], w, spec),
+                         _sample_groups(g.shape[0], g.shape[2] * g.shape[3]))
+    return _cropped(dxp, spec)
+
+
+def _weight_grad_part(x, g, spec):
+    """The weight gradient's sum over one group of samples, x (S, C, H, W) and
+    g (S, O, Ho, Wo), as one product over their (n, p, q) together:
+    dw[g, o, (c, i, j)] = sum_{(n, p, q)} g[g, o, (n, p, q)] * cols[g, (c, i, j), (n, p, q)]."""
+    cols, gs = _im2col(_padded(x, spec.padding), spec), _batch_inside(g, spec.groups)
+    if cols.shape[2] >= cols.shape[1]:     # more pixels than rows: BLAS runs the same sums
+        return np.matmul(cols, gs.transpose(0, 2, 1)).transpose(0, 2, 1)   # as dw^T = cols g^T, 10-20% faster
+    return np.matmul(gs, cols.transpose(0, 2, 1))
+
+
+def _in_order(parts, empty):
+    """The sum of the groups' ``parts``, added in order (``empty`` with none)."""
+    total = empty() if not parts else parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
+def _weight_grad(parts, spec, dtype):
+    """dw from the groups' parts, in the weight's memory layout."""
+    return np.ascontiguousarray(_in_order(parts, lambda: np.zeros(spec.w_shape, dtype))).reshape(spec.w_shape)
 
 
 def _conv2d_weight_grad(x, g, spec):
@@ -186,17 +241,9 @@ def _conv2d_weight_grad(x, g, spec):
 
         dw[o, c', i, j] = sum_{n, p, q} g[n, o, p, q] * xp[n, g(o)*C/G + c', p*sh + i*dh, q*sw + j*dw]
     """
-    dw = np.zeros(spec.w_shape, dtype=g.dtype) if x.shape[0] == 0 else None
-    for s, cols in _im2col_groups(_padded(x, spec.padding), spec, g.shape[2] * g.shape[3]):
-        # one product over the group's (n, p, q) together:
-        # dw[g, o, (c, i, j)] += sum_{(n, p, q)} g[g, o, (n, p, q)] * cols[g, (c, i, j), (n, p, q)]
-        gs = _batch_inside(g[s], spec.groups)
-        if cols.shape[2] >= cols.shape[1]:     # more pixels than rows: BLAS runs the same sums
-            part = np.matmul(cols, gs.transpose(0, 2, 1)).transpose(0, 2, 1)   # as dw^T = cols g^T, 10-20% faster
-        else:
-            part = np.matmul(gs, cols.transpose(0, 2, 1))
-        dw = part if s.start == 0 else dw + part
-    return np.ascontiguousarray(dw).reshape(spec.w_shape)          # in the weight's memory layout
+    parts = in_parallel(lambda s: _weight_grad_part(x[s], g[s], spec),
+                                 _sample_groups(x.shape[0], g.shape[2] * g.shape[3]))
+    return _weight_grad(parts, spec, g.dtype)
 
 
 def conv2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
@@ -282,9 +329,7 @@ def conv2d_bias_act_forward(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilati
     spec = conv2d_bias_act_spec(np.shape(x), np.shape(w), np.shape(b), x.dtype, w.dtype, np.asarray(b).dtype,
                                 stride, padding, dilation, groups, activation)
     xc, wc, bc = in_compute_dtype(x, w, b)
-    z = _conv2d(xc, wc, spec)
-    z += bc.reshape(1, -1, 1, 1)
-    return activate(z, activation).astype(x.dtype, copy=False)
+    return _conv2d(xc, wc, spec, bc, activation).astype(x.dtype, copy=False)
 
 
 def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
@@ -300,8 +345,17 @@ def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0
     spec = conv2d_bias_act_spec(np.shape(x), np.shape(w), np.shape(b), x.dtype, w.dtype, np.asarray(b).dtype,
                                 stride, padding, dilation, groups, activation)
     xc, wc, g, y = in_compute_dtype(x, w, grad, out)
-    gz = through_activation(g, y, activation)
-    db = gz.sum(axis=(0, 2, 3)).astype(np.asarray(b).dtype, copy=False) if needs[2] else None
-    dx = _conv2d_input_grad(gz, wc, spec).astype(x.dtype, copy=False) if needs[0] else None
-    dw = _conv2d_weight_grad(xc, gz, spec).astype(w.dtype, copy=False) if needs[1] else None
+    dxp, runs = _input_grad_buffer(g, wc, spec) if needs[0] else (None, False)
+
+    def group(s):       # each group's gz is used while it is in cache
+        gz = through_activation(g[s], y[s], activation)
+        if needs[0]:
+            _add_input_grad(dxp[s], runs, gz, wc, spec)
+        return (gz.sum(axis=(0, 2, 3)) if needs[2] else None,
+                _weight_grad_part(xc[s], gz, spec) if needs[1] else None)
+    parts = in_parallel(group, _sample_groups(g.shape[0], g.shape[2] * g.shape[3]))
+    dx = _cropped(dxp, spec).astype(x.dtype, copy=False) if needs[0] else None
+    dw = _weight_grad([p[1] for p in parts], spec, g.dtype).astype(w.dtype, copy=False) if needs[1] else None
+    db = (_in_order([p[0] for p in parts], lambda: np.zeros(spec.w_shape[0], g.dtype))
+          .astype(np.asarray(b).dtype, copy=False) if needs[2] else None)
     return dx, dw, db

@@ -26,6 +26,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..specs.pool import adaptive_pool2d_spec, pool2d_spec
+from ._threads import in_parallel, slices_per_thread
 from ._separable import AxisMap
 
 
@@ -69,23 +70,28 @@ def _max_backward_tiled(grad, y, x, kh, kw):
     """The backward when the windows tile the input and no maximum is NaN:
     window (i, j)'s tap (a, b) is x[n, c, i*kh + a, j*kw + b], and the first
     tap in row-major order that equals the window's maximum y[n, c, i, j]
-    takes g[n, c, i, j] (one comparison per tap, no index arithmetic)."""
+    takes g[n, c, i, j] (one comparison per tap, no index arithmetic; the
+    samples split over the threads)."""
     N, C, Ho, Wo = y.shape
     H, W = Ho * kh, Wo * kw
-    taps = x[:, :, :H, :W].reshape(N, C, Ho, kh, Wo, kw)
-    dtaps = np.zeros(taps.shape, dtype=x.dtype)
+    dx = np.empty(x.shape, dtype=x.dtype)
     g = np.asarray(grad).astype(x.dtype, copy=False)
-    open_ = np.ones(y.shape, dtype=bool)                   # windows whose maximum is not found yet
-    for a in range(kh):
-        for b in range(kw):
-            hit = np.equal(taps[:, :, :, a, :, b], y)
-            hit &= open_
-            np.copyto(dtaps[:, :, :, a, :, b], g, where=hit)
-            open_ &= ~hit
-    if (H, W) == x.shape[2:]:
-        return dtaps.reshape(x.shape)
-    dx = np.zeros(x.shape, dtype=x.dtype)                   # rows/columns past the last window get 0
-    dx[:, :, :H, :W] = dtaps.reshape(N, C, H, W)
+
+    def samples(s):
+        dx[s] = 0
+        taps = x[s, :, :H, :W].reshape(s.stop - s.start, C, Ho, kh, Wo, kw)
+        tiled = (H, W) == x.shape[2:]                      # then dx[s] is a view of the taps' shape
+        dtaps = dx[s].reshape(taps.shape) if tiled else np.zeros(taps.shape, dtype=x.dtype)
+        open_ = np.ones(y[s].shape, dtype=bool)            # windows whose maximum is not found yet
+        for a in range(kh):
+            for b in range(kw):
+                hit = np.equal(taps[:, :, :, a, :, b], y[s])
+                hit &= open_
+                np.copyto(dtaps[:, :, :, a, :, b], g[s], where=hit)
+                open_ &= ~hit
+        if not tiled:                                      # rows/columns past the last window keep 0
+            dx[s, :, :H, :W] = dtaps.reshape(s.stop - s.start, C, H, W)
+    in_parallel(samples, slices_per_thread(N))
     return dx
 
 

@@ -1,6 +1,8 @@
-"""NumPy (and safetensors, for files) are the only dependencies of the CPU
-path: in a virtual environment without torch, triton or ml_dtypes,
-`import triflux`, CPU training, save and load work and import none of them."""
+"""NumPy, threadpoolctl (the reference's threads) and safetensors (for files)
+are the only dependencies of the CPU path: in a virtual environment without
+torch, triton or ml_dtypes, `import triflux`, CPU training (dense and
+convolutional, whose reference runs on threads), save and load work and
+import none of them."""
 import os
 import subprocess
 import sys
@@ -27,6 +29,14 @@ SCRIPT = textwrap.dedent("""
         optimise.update(opt, m, g)
         first = float(l) if first is None else first
     assert float(l) < first, (first, float(l))
+    images = np.random.default_rng(1).standard_normal((4, 2, 8, 8)).astype(np.float32)
+    c = tf.Chain(tf.Conv((3, 3), 2, 4, tf.relu, pad=1), tf.MaxPool((2, 2)), tf.flatten, tf.Dense(64, 2))
+    copt = optimise.setup(optimise.Adam(0.01), c)
+    for step in range(5):
+        cl, (g,) = tf.withgradient(lambda c: losses.logitcrossentropy(c(images), y[:4]), c)
+        optimise.update(copt, c, g)
+        cfirst = float(cl) if step == 0 else cfirst
+    assert float(cl) < cfirst, (cfirst, float(cl))
     tf.save("model.safetensors", {"model": m, "opt": opt})
     back = tf.load("model.safetensors")
     tf.loadmodel(m, back["model"])
@@ -50,7 +60,7 @@ def test_cpu_path_needs_only_numpy(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    # The venv sees NumPy and safetensors (only) and the source tree: link those packages in.
+    # The venv sees NumPy, threadpoolctl and safetensors (only) and the source tree: link those in.
     deps = tmp_path / "deps"
     deps.mkdir()
     os.symlink(os.path.dirname(np.__file__), deps / "numpy")
@@ -58,7 +68,9 @@ def test_cpu_path_needs_only_numpy(tmp_path):
     if os.path.isdir(libs):
         os.symlink(libs, deps / "numpy.libs")
     import safetensors
+    import threadpoolctl
     os.symlink(os.path.dirname(safetensors.__file__), deps / "safetensors")
+    os.symlink(threadpoolctl.__file__, deps / "threadpoolctl.py")
     with open(os.path.join(site, "triflux_test.pth"), "w") as f:
         f.write(f"{deps}\n{ROOT}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
