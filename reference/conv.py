@@ -224,10 +224,11 @@ def _weight_grad_part(x, g, spec):
 
 
 def _in_order(parts, empty):
-    """The sum of the groups' ``parts``, added in order (``empty`` with none)."""
+    """The sum of the groups' ``parts`` (new arrays, the first one overwritten),
+    added in order (``empty`` with none)."""
     total = empty() if not parts else parts[0]
     for part in parts[1:]:
-        total = total + part
+        total += part
     return total
 
 

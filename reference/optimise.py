@@ -31,6 +31,8 @@ import numpy as np
 
 from triflux.dtypes import compute_dtype
 
+from ._threads import in_parallel
+
 
 @contextlib.contextmanager
 def _in_compute_type(*arrays):
@@ -131,14 +133,11 @@ def _in_blocks(*arrays):
         yield [a[start: start + _BLOCK] for a in flat]
 
 
-def _blocks_and_scratch(*arrays):
-    """The blocks of :func:`_in_blocks`, each with a scratch array of its shape
-    (one buffer for all of them: large temporaries cost page faults)."""
-    memory = None
-    for block in _in_blocks(*arrays):
-        if memory is None:                       # the first block is the largest
-            memory = np.empty(block[0].size, block[0].dtype)
-        yield (*block, memory[:block[0].size].reshape(block[0].shape))
+def _each_block(update, *arrays):
+    """``update(*blocks, scratch)`` for each block of :func:`_in_blocks`, with
+    a scratch array of the block's shape; the blocks are independent, so they
+    run on all the reference's threads at once (``_threads``)."""
+    in_parallel(lambda blocks: update(*blocks, np.empty_like(blocks[0])), list(_in_blocks(*arrays)))
 
 
 def check_step(step):
@@ -159,11 +158,12 @@ def adam_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, step):
     square root of the bias-corrected ``v``).
     """
     step = check_step(step)
+    def update(xb, gb, mb, vb, d):
+        _adam_moments(gb, mb, vb, beta1, beta2, d)
+        _adam_direction(mb, vb, beta1, beta2, epsilon, step, d, eta)
+        xb -= d
     with _in_compute_type(x, g, m, v) as (xc, gc, mc, vc):
-        for xb, gb, mb, vb, d in _blocks_and_scratch(xc, gc, mc, vc):
-            _adam_moments(gb, mb, vb, beta1, beta2, d)
-            _adam_direction(mb, vb, beta1, beta2, epsilon, step, d, eta)
-            xb -= d
+        _each_block(update, xc, gc, mc, vc)
 
 
 def adamw_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, lambd, step):
@@ -180,14 +180,15 @@ def adamw_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, lambd, step)
     Optimisers.jl before v0.4 decoupled it: ``x <- x - eta*d - lambd*x``.
     """
     step = check_step(step)
+    def update(xb, gb, mb, vb, d):
+        T = xb.dtype.type
+        _adam_moments(gb, mb, vb, beta1, beta2, d)
+        _adam_direction(mb, vb, beta1, beta2, epsilon, step, d)
+        d += T(lambd) * xb
+        d *= T(eta)
+        xb -= d
     with _in_compute_type(x, g, m, v) as (xc, gc, mc, vc):
-        T = xc.dtype.type
-        for xb, gb, mb, vb, d in _blocks_and_scratch(xc, gc, mc, vc):
-            _adam_moments(gb, mb, vb, beta1, beta2, d)
-            _adam_direction(mb, vb, beta1, beta2, epsilon, step, d)
-            d += T(lambd) * xb
-            d *= T(eta)
-            xb -= d
+        _each_block(update, xc, gc, mc, vc)
 
 
 def rmsprop_update_forward(x, g, s, *, eta, rho, epsilon):
