@@ -161,8 +161,14 @@ def relu_backward(grad, out, x):
     only where x <= 0)"""
     if not _is_float(x):
         return (None,)
-    g = _work(grad)
-    return (_done(np.where(_work(x) <= 0, np.zeros_like(g), g), x.dtype),)
+    g = np.array(_work(grad), copy=True)
+    # g's bits ANDed with all ones (keep) or all zeros (+0 exactly): np.where's
+    # branch per element on a random mask costs 6-10x as much
+    bits = np.dtype(f"i{g.itemsize}")
+    keep = np.less_equal(_work(x), 0).astype(bits)
+    keep -= 1                                         # x <= 0: 0; else (NaN too): -1, all ones
+    np.bitwise_and(g.view(bits), keep, out=g.view(bits))
+    return (_done(g, x.dtype),)
 
 
 @quiet
