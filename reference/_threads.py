@@ -21,60 +21,85 @@ threads instead of OpenBLAS's. OpenBLAS's threads spin for ~0.1 s after a
 large product, taking a core from two-thread work right after it, but for the
 MLP's and LSTMs' products OpenBLAS's own split is 10-25% faster.)
 """
-import contextlib
 import functools
+import os
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
 
 
 @functools.cache
 def _blas_libraries():
-    """threadpoolctl's controllers of the BLAS libraries NumPy has loaded."""
+    """(get, set) of the thread count of each BLAS library NumPy has loaded
+    (threadpoolctl finds them): OpenBLAS's own C functions where threadpoolctl
+    has them (~0.3 us a call against ~5 us through its checks: every
+    ``in_parallel`` reads and sets them), its methods otherwise."""
     from threadpoolctl import ThreadpoolController
-    return ThreadpoolController().select(user_api="blas").lib_controllers
+    libraries = []
+    for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
+        symbol = getattr(lib, "_get_symbol", lambda name: None)
+        get, set_ = symbol("openblas_get_num_threads"), symbol("openblas_set_num_threads")
+        direct = lib.internal_api == "openblas" and lib.threading_layer == "pthreads" and get and set_
+        libraries.append((get, set_) if direct else (lib.get_num_threads, lib.set_num_threads))
+    return libraries
+
+
+def _work(inbox):
+    """A worker thread's loop: run each chunk it is handed, and send back its
+    results or the error it raised."""
+    while True:
+        fn, chunk, outbox = inbox.get()
+        _STATE.inside.active = True
+        try:
+            outbox.put((True, [fn(item) for item in chunk]))
+        except BaseException as error:     # re-raised in the caller's thread
+            outbox.put((False, error))
+        finally:
+            _STATE.inside.active = False
 
 
 class _State:
-    """The worker threads (created on first use) and, while ``in_parallel``
-    sections run (several user threads may call), the BLAS setting to restore
-    after the last of them."""
+    """The worker threads (started on first use, each with its inbox: a
+    ``queue.SimpleQueue``, the cheapest hand-over the standard library has)
+    and, while ``in_parallel`` sections run (several user threads may call),
+    the BLAS setting to restore after the last of them."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.executor = None
+        self.inboxes = []
         self.sections = 0
         self.saved = []
-        self.inside = threading.local()      # .active: this thread runs an in_parallel item
+        self.inside = threading.local()      # .active: this thread runs an in_parallel chunk
 
     def blas_threads(self):
         """The BLAS libraries' thread count outside the sections (1 with none found)."""
-        with self.lock:
-            counts = self.saved if self.sections else [lib.get_num_threads() for lib in _blas_libraries()]
+        counts = self.saved if self.sections else [get() for get, _ in _blas_libraries()]
         return max((count or 1 for count in counts), default=1)
 
-    @contextlib.contextmanager
-    def section(self, workers):
-        """A block with BLAS on one thread per caller, and the executor of ``workers - 1`` threads."""
+    def enter(self, workers):
+        """BLAS on one thread per caller; the inboxes of ``workers - 1`` worker threads."""
         with self.lock:
             if self.sections == 0:
-                self.saved = [lib.get_num_threads() for lib in _blas_libraries()]
-                for lib in _blas_libraries():
-                    lib.set_num_threads(1)
+                self.saved = [get() for get, _ in _blas_libraries()]
+                for _, set_ in _blas_libraries():
+                    set_(1)
             self.sections += 1
-            if self.executor is None or self.executor._max_workers < workers - 1:
-                self.executor = ThreadPoolExecutor(workers - 1, thread_name_prefix="triflux-reference")
-            executor = self.executor
-        try:
-            yield executor
-        finally:
-            with self.lock:
-                self.sections -= 1
-                if self.sections == 0:
-                    for lib, count in zip(_blas_libraries(), self.saved):
-                        lib.set_num_threads(count)
+            while len(self.inboxes) < workers - 1:
+                inbox = queue.SimpleQueue()
+                threading.Thread(target=_work, args=(inbox,), name="triflux-reference", daemon=True).start()
+                self.inboxes.append(inbox)
+            return self.inboxes[:workers - 1]
+
+    def leave(self):
+        with self.lock:
+            self.sections -= 1
+            if self.sections == 0:
+                for (_, set_), count in zip(_blas_libraries(), self.saved):
+                    set_(count)
 
 
 _STATE = _State()
+# a forked child has none of the parent's threads: it starts its own
+os.register_at_fork(after_in_child=lambda: _STATE.__init__())
 
 
 def thread_count():
@@ -99,22 +124,22 @@ def in_parallel(fn, items):
     workers = min(len(items), thread_count())
     if workers < 2:
         return [fn(item) for item in items]
-
-    def run(chunk):
-        _STATE.inside.active = True
-        try:
-            return [fn(item) for item in chunk]
-        finally:
-            _STATE.inside.active = False
-
     bounds = [len(items) * k // workers for k in range(workers + 1)]
     chunks = [items[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
-    with _STATE.section(workers) as executor:
-        others = [executor.submit(run, chunk) for chunk in chunks[1:]]
+    outboxes = [queue.SimpleQueue() for _ in chunks[1:]]
+    for inbox, chunk, outbox in zip(_STATE.enter(workers), chunks[1:], outboxes):
+        inbox.put((fn, chunk, outbox))
+    try:
+        _STATE.inside.active = True
         try:
-            results = run(chunks[0])
+            results = [fn(item) for item in chunks[0]]
         finally:
-            wait(others)             # no thread still writing when an error propagates
-        for future in others:
-            results += future.result()
+            _STATE.inside.active = False
+            answers = [outbox.get() for outbox in outboxes]    # no thread still writing when an error propagates
+    finally:
+        _STATE.leave()
+    for ok, answer in answers:
+        if not ok:
+            raise answer
+        results += answer
     return results
