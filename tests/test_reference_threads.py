@@ -72,3 +72,16 @@ def test_conv_and_pool_on_one_thread_and_on_two(stride, padding):
             runs.append((y, *grads, p, *pool.maxpool2d_backward(p, p, x, (2, 2), (2, 2), (0, 0, 0, 0))))
     for one, two in zip(*runs):
         np.testing.assert_allclose(one, two, rtol=1e-5, atol=1e-5)
+
+
+def _squares_on_threads():
+    return _threads.thread_count(), _threads.in_parallel(lambda i: i * i, range(4))
+
+
+def test_a_forked_child_starts_its_own_workers():
+    import multiprocessing
+    with threadpool_limits(2, "blas"):
+        _threads.in_parallel(lambda i: i, range(2))          # the parent's workers are running
+        with multiprocessing.get_context("fork").Pool(1) as child:
+            threads, squares = child.apply_async(_squares_on_threads).get(timeout=20)
+    assert squares == [0, 1, 4, 9] and threads == 2
