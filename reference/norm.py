@@ -22,6 +22,7 @@ import numpy as np
 
 from ..specs.norm import batchnorm_spec
 from ._activation import activate, through_activation
+from ._threads import in_parallel, slices_per_thread
 from ._util import in_compute_dtype, keep_for_backward, kept_for_backward
 
 
@@ -44,7 +45,7 @@ class _BatchStats:
     def __init__(self, x, spec):
         axes, m = spec.reduced_axes, spec.values_per_channel
         if m == 0:
-            z = np.zeros(spec.channel_shape, x.dtype)
+            z = np.zeros((1, x.shape[1]) + (1,) * (x.ndim - 2), x.dtype)
             self.mean = self.var = self.running_mean = self.unbiased = z
             self.centred = x - z
             return
@@ -57,6 +58,27 @@ class _BatchStats:
         self.var = ss / m
         self.unbiased = ss.reshape(-1) / max(m - 1, 1)
         self.running_mean = np.where(np.isinf(plain), plain, self.mean).reshape(-1)
+
+    @classmethod
+    def joined(cls, parts):
+        """The statistics of consecutive channel slices as one (the slices' own with one)."""
+        if len(parts) == 1:
+            return parts[0]
+        stats = cls.__new__(cls)
+        for name, axis in (("mean", 1), ("var", 1), ("running_mean", 0), ("unbiased", 0)):
+            setattr(stats, name, np.concatenate([getattr(p, name) for p in parts], axis=axis))
+        return stats
+
+
+#: a batch norm over at least this many values runs slices of its channels on the
+#: threads (``_threads``; each channel's math is independent): below, a hand-over
+#: (~30 us) would cost more than the second core saves
+_THREADED = 1 << 20
+
+
+def _channel_slices(x, spec):
+    """Slices of x's channels, one per thread for a large x, else all in one."""
+    return slices_per_thread(spec.channels) if x.size >= _THREADED else [slice(0, spec.channels)]
 
 
 def batchnorm_running_update_forward(x, running_mean, running_var, momentum=0.1):
@@ -113,12 +135,23 @@ def batchnorm_train_forward(x, gamma, beta, running_mean=None, running_var=None,
     moved = () if moved_mean is None else (moved_mean, moved_var)
     spec = _spec(x, (gamma, beta) + running + moved, eps, activation)
     xc, gamma, beta = in_compute_dtype(x, gamma, beta)
-    stats = _BatchStats(xc, spec)
-    shape = spec.channel_shape
-    z = np.divide(stats.centred, np.sqrt(stats.var + xc.dtype.type(eps)), out=stats.centred)   # xhat, over x - mean
-    z *= gamma.reshape(shape)
-    z += beta.reshape(shape)
-    y = activate(z, spec.activation).astype(spec.dtype, copy=False)
+    slices = _channel_slices(xc, spec)
+    y = None if len(slices) == 1 else np.empty(x.shape, spec.dtype)
+
+    def channels(cs):
+        stats = _BatchStats(xc[:, cs], spec)
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        z = np.divide(stats.centred, np.sqrt(stats.var + xc.dtype.type(eps)), out=stats.centred)   # xhat, over x - mean
+        z *= gamma[cs].reshape(shape)
+        z += beta[cs].reshape(shape)
+        out = activate(z, spec.activation)
+        if y is not None:
+            y[:, cs] = out
+        return stats, out
+    parts = in_parallel(channels, slices)
+    stats = _BatchStats.joined([stats for stats, _ in parts])
+    if y is None:
+        y = parts[0][1].astype(spec.dtype, copy=False)
     if running:
         _move_running_stats(x, running, moved or running, momentum, stats)
     keep_for_backward(y, stats.mean, stats.var)
@@ -142,28 +175,42 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, runni
     spec = _spec(x, (gamma, beta), eps, activation)
     dtypes = x.dtype, np.asarray(gamma).dtype, np.asarray(beta).dtype
     kept = kept_for_backward(out)
-    x, gamma, beta, g, y = in_compute_dtype(x, gamma, beta, grad, out)
-    g = through_activation(g, y, spec.activation)
-    axes, shape, m = spec.reduced_axes, spec.channel_shape, spec.values_per_channel
-    if kept is None:
-        stats = _BatchStats(x, spec)
-        mean, var = stats.mean, stats.var
-    else:
-        mean, var = (v.astype(x.dtype, copy=False) for v in kept)
-    istd = 1 / np.sqrt(var + x.dtype.type(eps))
-    xhat = x - mean
-    xhat *= istd
-    dbeta = np.sum(g, axis=axes)
-    dgamma = np.sum(g * xhat, axis=axes)
-    if m == 0:
-        dx = np.zeros_like(x)
-    else:   # the formula's passes in place, in its order
-        dx = m * g
-        dx -= dbeta.reshape(shape)
-        xhat *= dgamma.reshape(shape)
-        dx -= xhat
-        dx *= gamma.reshape(shape) * istd / m
-    return (dx.astype(dtypes[0], copy=False), dgamma.astype(dtypes[1]), dbeta.astype(dtypes[2])) + none_for_running
+    x, gamma, beta, grad, out = in_compute_dtype(x, gamma, beta, grad, out)
+    grad, out = np.broadcast_to(grad, x.shape), np.broadcast_to(out, x.shape)   # (a scalar gradient, too)
+    axes, m = spec.reduced_axes, spec.values_per_channel
+    if kept is not None:
+        kept = [v.astype(x.dtype, copy=False) for v in kept]
+    slices = _channel_slices(x, spec)
+    dx = None if len(slices) == 1 else np.empty(x.shape, dtypes[0])
+
+    def channels(cs):
+        xs, shape = x[:, cs], (1, -1) + (1,) * (x.ndim - 2)
+        g = through_activation(grad[:, cs], out[:, cs], spec.activation)
+        if kept is None:
+            stats = _BatchStats(xs, spec)
+            mean, var = stats.mean, stats.var
+        else:
+            mean, var = (v[:, cs] for v in kept)
+        istd = 1 / np.sqrt(var + x.dtype.type(eps))
+        xhat = xs - mean
+        xhat *= istd
+        dbeta = np.sum(g, axis=axes)
+        dgamma = np.sum(g * xhat, axis=axes)
+        if m == 0:
+            dxs = np.zeros_like(xs)
+        else:   # the formula's passes in place, in its order
+            dxs = m * g
+            dxs -= dbeta.reshape(shape)
+            xhat *= dgamma.reshape(shape)
+            dxs -= xhat
+            dxs *= gamma[cs].reshape(shape) * istd / m
+        if dx is not None:
+            dx[:, cs] = dxs
+        return dxs, dgamma, dbeta
+    parts = in_parallel(channels, slices)
+    dgamma, dbeta = (np.concatenate([p[i] for p in parts]) for i in (1, 2))
+    dxs = parts[0][0].astype(dtypes[0], copy=False) if dx is None else dx
+    return (dxs, dgamma.astype(dtypes[1]), dbeta.astype(dtypes[2])) + none_for_running
 
 
 def batchnorm_test_forward(x, gamma, beta, mean, var, eps=1e-5, activation="identity"):
