@@ -5,16 +5,20 @@ primitive's backward keeps."""
 import numpy as np
 
 
-def activate(z, activation):
-    """act(z): identity z; relu max(z, 0); sigmoid 1 / (1 + exp(-z)); tanh."""
+def activate(z, activation, out=None):
+    """act(z): identity z; relu max(z, 0); sigmoid 1 / (1 + exp(-z)); tanh
+    (written into ``out`` when given, and returned)."""
     if activation == "relu":
-        return np.maximum(z, 0)          # (NaN stays NaN, as torch.relu)
+        return np.maximum(z, 0, out=out)          # (NaN stays NaN, as torch.relu)
+    if activation == "tanh":
+        return np.tanh(z, out=out)
     if activation == "sigmoid":
         e = np.exp(-np.abs(z))          # <= 1: no overflow for large |z|
-        return np.where(z >= 0, 1 / (1 + e), e / (1 + e))
-    if activation == "tanh":
-        return np.tanh(z)
-    return z
+        z = np.where(z >= 0, 1 / (1 + e), e / (1 + e))
+    if out is None:
+        return z
+    out[...] = z
+    return out
 
 
 def activation_derivative(y, activation):

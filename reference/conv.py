@@ -144,7 +144,7 @@ def _conv2d(x, w, spec, bias=None, activation="identity"):
         z = np.matmul(wm, _im2col(_padded(x[s], spec.padding), spec)).reshape(O, -1, Ho, Wo).transpose(1, 0, 2, 3)
         if bias is not None:
             z += bias.reshape(1, -1, 1, 1)
-        y[s] = activate(z, activation)
+        activate(z, activation, out=y[s])
     in_parallel(group, _sample_groups(N, Ho * Wo))
     return y
 

@@ -241,12 +241,15 @@ def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
         by_gate[t, 3] *= dh
         dh_next = w_hh_t @ da[t]
         dc_next = dc * f[t]
-    da = _rows(da).reshape(length * n, 4 * hs)                   # rows (t, n), as x's and h_prev's below
+    # dA^T with columns (t, n), as x's and h_prev's rows below: a copy of whole runs
+    # of N values (transposing each dA_t back reads it value by value: 26 vs 19 ms
+    # for 128 steps of (2048, 64))
+    da = np.ascontiguousarray(da.transpose(1, 0, 2)).reshape(4 * hs, length * n)
     h_prev = np.concatenate([h0[None], out.transpose(1, 0, 2)[:-1, :, :hs]]) if length else out[:, :, :hs]
-    dx = (da @ w_ih).reshape(length, n, spec.input_size).transpose(1, 0, 2)     # dx_t = dA_t @ w_ih
-    dw_ih = da.T @ x.transpose(1, 0, 2).reshape(length * n, spec.input_size)     # sum over t, n of dA_t^T x_t
-    dw_hh = da.T @ h_prev.reshape(length * n, hs)
-    db = da.sum(axis=0)                                                          # db_ih = db_hh
+    dx = (da.T @ w_ih).reshape(length, n, spec.input_size).transpose(1, 0, 2)   # dx_t = dA_t @ w_ih
+    dw_ih = da @ x.transpose(1, 0, 2).reshape(length * n, spec.input_size)       # sum over t, n of dA_t^T x_t
+    dw_hh = da @ h_prev.reshape(length * n, hs)
+    db = da.sum(axis=1)                                                          # db_ih = db_hh
     return tuple(np.ascontiguousarray(v, dtype=spec.dtype)
                  for v in (dx, dh_next.T, dc_next.T, dw_ih, dw_hh, db, db.copy()))
 
