@@ -50,11 +50,14 @@ def _work(inbox):
         fn, chunk, outbox = inbox.get()
         _STATE.inside.active = True
         try:
-            outbox.put((True, [fn(item) for item in chunk]))
+            answer = (True, [fn(item) for item in chunk])
         except BaseException as error:     # re-raised in the caller's thread
-            outbox.put((False, error))
+            answer = (False, error)
         finally:
             _STATE.inside.active = False
+        del fn, chunk                       # hold no array of the call once it is answered
+        outbox.put(answer)
+        del outbox, answer
 
 
 class _State:

@@ -85,3 +85,19 @@ def test_a_forked_child_starts_its_own_workers():
         with multiprocessing.get_context("fork").Pool(1) as child:
             threads, squares = child.apply_async(_squares_on_threads).get(timeout=20)
     assert squares == [0, 1, 4, 9] and threads == 2
+
+
+def test_workers_hold_nothing_of_a_finished_call():
+    import gc
+    import weakref
+
+    class Big:
+        pass
+
+    big = Big()
+    seen = weakref.ref(big)
+    with threadpool_limits(2, "blas"):
+        _threads.in_parallel(lambda i, big=big: i, range(2))
+    del big
+    gc.collect()
+    assert seen() is None
