@@ -150,8 +150,9 @@ def _conv2d(x, w, spec, bias=None, activation="identity"):
 
 
 def _input_grad_buffer(g, w, spec):
-    """The zeroed padded input gradient dxp for :func:`_add_input_grad` and
-    whether col2im runs along the image rows laid end to end (``runs``)."""
+    """The padded input gradient dxp for :func:`_add_input_grad` (not yet
+    zeroed: each group zeroes its own samples, on its thread) and whether
+    col2im runs along the image rows laid end to end (``runs``)."""
     N, C, H, W = spec.x_shape
     (pt, pb, pl, pr), Wo = spec.padding, g.shape[3]
     Hp, Wp = H + pt + pb, W + pl + pr
@@ -161,13 +162,14 @@ def _input_grad_buffer(g, w, spec):
     # products (exact zeros for finite weights) land on pixels real ones reach too.
     # Worth it for wide images only, where those columns add few products.
     runs = spec.stride == (1, 1) and 16 * (Wp - Wo) <= Wo and bool(np.isfinite(w).all())
-    return np.zeros((N, C, Hp + int(runs), Wp), dtype=g.dtype), runs    # (runs: a spare row for the last run)
+    return np.empty((N, C, Hp + int(runs), Wp), dtype=g.dtype), runs    # (runs: a spare row for the last run)
 
 
 def _add_input_grad(dxp, runs, g, w, spec):
-    """col2im of a group of samples: adds conv2d's input gradient for their
-    output gradient g (S, O, Ho, Wo) into their padded dxp (S, C, Hp (+ 1), Wp)
-    (the formula at :func:`_conv2d_input_grad`)."""
+    """col2im of a group of samples: zeroes their padded dxp (S, C, Hp (+ 1), Wp)
+    and adds conv2d's input gradient for their output gradient g (S, O, Ho, Wo)
+    into it (the formula at :func:`_conv2d_input_grad`)."""
+    dxp[...] = 0
     S, C, _, Wp = dxp.shape
     O, Cg, kh, kw = w.shape
     G, (sh, sw), (dh, dw) = spec.groups, spec.stride, spec.dilation
