@@ -161,7 +161,8 @@ def relu_backward(grad, out, x):
     only where x <= 0)"""
     if not _is_float(x):
         return (None,)
-    g = np.array(_work(grad), copy=True)
+    g = np.asarray(grad)
+    g = g.astype(compute_dtype(g.dtype))             # a new array, in the compute dtype: one copy
     # g's bits ANDed with all ones (keep) or all zeros (+0 exactly): np.where's
     # branch per element on a random mask costs 6-10x as much
     bits = np.dtype(f"i{g.itemsize}")

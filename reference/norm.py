@@ -70,17 +70,6 @@ class _BatchStats:
         return stats
 
 
-#: a batch norm over at least this many values runs slices of its channels on the
-#: threads (``_threads``; each channel's math is independent): below, a hand-over
-#: (~30 us) would cost more than the second core saves
-_THREADED = 1 << 20
-
-
-def _channel_slices(x, spec):
-    """Slices of x's channels, one per thread for a large x, else all in one."""
-    return slices_per_thread(spec.channels) if x.size >= _THREADED else [slice(0, spec.channels)]
-
-
 def batchnorm_running_update_forward(x, running_mean, running_var, momentum=0.1):
     """Move the running statistics (C,) toward the batch's, in place (returns None):
 
@@ -135,7 +124,7 @@ def batchnorm_train_forward(x, gamma, beta, running_mean=None, running_var=None,
     moved = () if moved_mean is None else (moved_mean, moved_var)
     spec = _spec(x, (gamma, beta) + running + moved, eps, activation)
     xc, gamma, beta = in_compute_dtype(x, gamma, beta)
-    slices = _channel_slices(xc, spec)
+    slices = slices_per_thread(spec.channels, xc.size)        # each channel's math is independent
     y = None if len(slices) == 1 else np.empty(x.shape, spec.dtype)
 
     def channels(cs):
@@ -180,7 +169,7 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, runni
     axes, m = spec.reduced_axes, spec.values_per_channel
     if kept is not None:
         kept = [v.astype(x.dtype, copy=False) for v in kept]
-    slices = _channel_slices(x, spec)
+    slices = slices_per_thread(spec.channels, x.size)
     dx = None if len(slices) == 1 else np.empty(x.shape, dtypes[0])
 
     def channels(cs):

@@ -91,7 +91,7 @@ def _max_backward_tiled(grad, y, x, kh, kw):
                 open_ &= ~hit
         if not tiled:                                      # rows/columns past the last window keep 0
             dx[s, :, :H, :W] = dtaps.reshape(s.stop - s.start, C, H, W)
-    in_parallel(samples, slices_per_thread(N))
+    in_parallel(samples, slices_per_thread(N, x.size))
     return dx
 
 

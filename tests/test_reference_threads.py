@@ -20,8 +20,10 @@ def test_results_in_order_and_the_loops_own():
         assert _threads.thread_count() == 2
         assert _threads.in_parallel(lambda i: i * i, range(7)) == [i * i for i in range(7)]
         assert _threads.in_parallel(lambda i: i, []) == []
-        assert _threads.slices_per_thread(5) == [slice(0, 2), slice(2, 5)]
-        assert _threads.slices_per_thread(1) == [slice(0, 1)] and _threads.slices_per_thread(0) == [slice(0, 0)]
+        big = _threads.PARALLEL_VALUES
+        assert _threads.slices_per_thread(5, big) == [slice(0, 2), slice(2, 5)]
+        assert _threads.slices_per_thread(1, big) == [slice(0, 1)] and _threads.slices_per_thread(0, big) == [slice(0, 0)]
+        assert _threads.slices_per_thread(5, big - 1) == [slice(0, 5)]      # small work stays on one thread
 
 
 def test_threads_follow_the_blas_setting_and_it_is_restored():
@@ -101,3 +103,25 @@ def test_workers_hold_nothing_of_a_finished_call():
     del big
     gc.collect()
     assert seen() is None
+
+
+def test_batchnorm_and_pooling_above_the_threshold_bit_identical_on_two_threads():
+    from triflux.reference import norm
+    from triflux.reference._util import keeping_for_backward
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 4, 128, 128)).astype(np.float32)     # PARALLEL_VALUES values
+    assert x.size >= _threads.PARALLEL_VALUES
+    gamma, beta = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    runs = []
+    for threads in (1, 2):
+        with threadpool_limits(threads, "blas"), keeping_for_backward():
+            moved = [np.zeros(4, np.float32), np.ones(4, np.float32)]
+            y = norm.batchnorm_train_forward(x, gamma, beta, np.zeros(4, np.float32), np.ones(4, np.float32),
+                                             *moved, activation="relu")
+            grads = norm.batchnorm_train_backward(g, y, x, gamma, beta, activation="relu")
+            p = pool.maxpool2d_forward(x, (2, 2), (2, 2), (0, 0, 0, 0))
+            runs.append((y, *moved, *grads, *pool.maxpool2d_backward(g[:, :, ::2, ::2], p, x, (2, 2), (2, 2),
+                                                                      (0, 0, 0, 0))))
+    for one, two in zip(*runs):
+        np.testing.assert_array_equal(one, two)
