@@ -19,6 +19,7 @@ from . import backend
 from .arguments import is_int
 from .errors import ArgumentError, BackendNotSupportedError, NoGPUError
 from .preferences import gpu_backend_preference
+from .reference._allocator import give_back as give_back_heap
 
 SUPPORTED = ("CUDA", "AMDGPU", "Metal", "CPU")
 
@@ -352,10 +353,13 @@ def move_code(device, x="x"):
 
 
 def reclaim():
-    """Free memory that is no longer used: run Python's garbage collector and
-    give the device allocator's cached blocks back to the driver (CUDA's
-    ``reclaim``). Safe to call on any machine."""
+    """Free memory that is no longer used: run Python's garbage collector,
+    give the free heap the CPU reference keeps between steps back to the
+    system (``reference/_allocator.py``) and the device allocator's
+    cached blocks back to the driver (CUDA's ``reclaim``). Safe to call on
+    any machine."""
     gc.collect()
+    give_back_heap()
     torch = sys.modules.get("torch")
     if torch is not None and not backend.interpreter_on() and torch.cuda.is_available():
         torch.cuda.empty_cache()

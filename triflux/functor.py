@@ -125,22 +125,25 @@ def acyclic(walk, x, who):
 
 def leaves(x):
     """Every array leaf of ``x``, depth first, each once."""
-    seen = set()
     out = []
-
-    def walk(v):
-        if is_leaf(v):
-            if id(v) not in seen:
-                seen.add(id(v))
-                out.append(v)
-        elif is_layer(v):
-            for c in children(v).values():
-                walk(c)
-        elif isinstance(v, (tuple, list)):
-            for c in v:
-                walk(c)
-        elif isinstance(v, dict):
-            for c in v.values():
-                walk(c)
-    walk(x)
+    _add_leaves(x, out, set())
     return out
+
+
+def _add_leaves(v, out, seen):
+    """Append to ``out`` the array leaves of ``v`` whose ids are not in ``seen``.
+    (Module-level: a nested function calling itself is a reference cycle,
+    which would hold the leaves until the garbage collector runs.)"""
+    if is_leaf(v):
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    elif is_layer(v):
+        for c in children(v).values():
+            _add_leaves(c, out, seen)
+    elif isinstance(v, (tuple, list)):
+        for c in v:
+            _add_leaves(c, out, seen)
+    elif isinstance(v, dict):
+        for c in v.values():
+            _add_leaves(c, out, seen)

@@ -799,97 +799,101 @@ def _collect(opt_state, model, grad):
     """Check ``grad`` and ``opt_state`` against ``model``; the list of
     ``(leaf, parameter, gradient)`` to step (each parameter once)."""
     plan = []
-    done = set()
-
-    def walk(st, x, g, path):
-        if g is None:
-            return
-        if isinstance(x, Tensor):
-            if not _trainable(x):
-                return
-            if not isinstance(st, Leaf):
-                raise StructureError(
-                    f"update: the optimiser state has no Leaf for the parameter `{_show(path)}` "
-                    f"(found {type(st).__name__}); was it set up for this model? Call `setup(rule, model)`.")
-            if not isinstance(g, Tensor):
-                if isinstance(g, np.ndarray):
-                    g = Tensor._from_numpy(g)
-                else:
-                    raise StructureError(f"update: the gradient for `{_show(path)}` is a "
-                                         f"{type(g).__name__}, expected a Tensor of shape {x.shape}")
-            if g._device != x._device:
-                raise DeviceMismatchError(
-                    f"update: the gradient for `{_show(path)}` is on {g._device!r} but the parameter is on "
-                    f"{x._device!r}. Compute the gradient with the model and data on one device "
-                    f"(`{move_code(x._device)}`).")
-            if g.shape != x.shape:
-                raise StructureError(
-                    f"update: the gradient for `{_show(path)}` has shape {g.shape} but the parameter "
-                    f"has shape {x.shape}")
-            for a in _state_tensors(st.state):
-                if a._device != x._device:
-                    raise DeviceMismatchError(
-                        f"update: the optimiser state for `{_show(path)}` is on {a._device!r} but the "
-                        f"parameter is on {x._device!r} (the model was moved after `setup`). Move the "
-                        f"state too (`{move_code(x._device, 'opt_state')}`) or call "
-                        "`setup(rule, model)` again.")
-                if a.shape != x.shape:
-                    raise StructureError(
-                        f"update: the optimiser state for `{_show(path)}` has shape {a.shape} but the "
-                        f"parameter has shape {x.shape}; call `setup(rule, model)` for this model")
-            if id(x) in done:  # a tied parameter: its gradient is already the total
-                return
-            done.add(id(x))
-            plan.append((st, x, g))
-            return
-        if is_layer(x):
-            kids = children(x)
-            if not isinstance(g, dict):
-                raise StructureError(f"update: the gradient for `{_show(path)}` ({type(x).__name__}) should be a "
-                                     f"dict keyed by field name, got {type(g).__name__}")
-            extra = set(g) - set(kids)
-            if extra:
-                raise StructureError(f"update: the gradient has field(s) {sorted(extra)} at `{_show(path)}`, "
-                                     f"which the {type(x).__name__} lacks (fields: {list(kids)})")
-            if not isinstance(st, dict) or isinstance(st, Leaf):
-                raise StructureError(f"update: the optimiser state at `{_show(path)}` does not fit the "
-                                     f"{type(x).__name__}; call `setup(rule, model)` for this model")
-            skip = type(x)._nontrainable
-            for name, v in kids.items():
-                if name in skip:
-                    continue
-                walk(st.get(name), v, g.get(name), path_join(path, name))
-            return
-        if isinstance(x, (list, tuple)):
-            if not isinstance(g, (list, tuple)) or len(g) != len(x):
-                raise _mismatch("the gradient does not fit", path,
-                                f"the model has a {type(x).__name__} of {len(x)}",
-                                f"the gradient is {_describe(g)}")
-            if not isinstance(st, (list, tuple)) or len(st) != len(x):
-                raise _mismatch("the optimiser state does not fit", path,
-                                f"the model has a {type(x).__name__} of {len(x)}",
-                                f"the state is {_describe(st)}; call `setup(rule, model)` for this model")
-            for i, (s, v, gi) in enumerate(zip(st, x, g)):
-                walk(s, v, gi, path_join(path, i))
-            return
-        if isinstance(x, dict):
-            if not isinstance(g, dict):
-                raise _mismatch("the gradient does not fit", path, "the model has a dict",
-                                f"the gradient is {_describe(g)}")
-            extra = set(g) - set(x)
-            if extra:
-                raise StructureError(f"update: the gradient has key(s) {sorted(map(repr, extra))} at "
-                                     f"`{_show(path)}`, which the model lacks")
-            if not isinstance(st, dict) or isinstance(st, Leaf):
-                raise _mismatch("the optimiser state does not fit", path, "the model has a dict",
-                                f"the state is {_describe(st)}")
-            for k, v in x.items():
-                walk(st.get(k), v, g.get(k), path_join(path, k))
-            return
-        # functions, numbers, NumPy arrays: nothing to train
-
-    walk(opt_state, model, grad, "")
+    _plan(opt_state, model, grad, "", plan, set())
     return plan
+
+
+def _plan(st, x, g, path, plan, done):
+    """:func:`_collect` at ``path``: append to ``plan`` the ``(leaf, parameter,
+    gradient)`` of each trainable parameter under ``x`` whose id is not in
+    ``done``. (A module-level function: a nested one that calls itself is a
+    reference cycle, and would keep the step's gradients alive until the
+    garbage collector runs.)"""
+    if g is None:
+        return
+    if isinstance(x, Tensor):
+        if not _trainable(x):
+            return
+        if not isinstance(st, Leaf):
+            raise StructureError(
+                f"update: the optimiser state has no Leaf for the parameter `{_show(path)}` "
+                f"(found {type(st).__name__}); was it set up for this model? Call `setup(rule, model)`.")
+        if not isinstance(g, Tensor):
+            if isinstance(g, np.ndarray):
+                g = Tensor._from_numpy(g)
+            else:
+                raise StructureError(f"update: the gradient for `{_show(path)}` is a "
+                                     f"{type(g).__name__}, expected a Tensor of shape {x.shape}")
+        if g._device != x._device:
+            raise DeviceMismatchError(
+                f"update: the gradient for `{_show(path)}` is on {g._device!r} but the parameter is on "
+                f"{x._device!r}. Compute the gradient with the model and data on one device "
+                f"(`{move_code(x._device)}`).")
+        if g.shape != x.shape:
+            raise StructureError(
+                f"update: the gradient for `{_show(path)}` has shape {g.shape} but the parameter "
+                f"has shape {x.shape}")
+        for a in _state_tensors(st.state):
+            if a._device != x._device:
+                raise DeviceMismatchError(
+                    f"update: the optimiser state for `{_show(path)}` is on {a._device!r} but the "
+                    f"parameter is on {x._device!r} (the model was moved after `setup`). Move the "
+                    f"state too (`{move_code(x._device, 'opt_state')}`) or call "
+                    "`setup(rule, model)` again.")
+            if a.shape != x.shape:
+                raise StructureError(
+                    f"update: the optimiser state for `{_show(path)}` has shape {a.shape} but the "
+                    f"parameter has shape {x.shape}; call `setup(rule, model)` for this model")
+        if id(x) in done:  # a tied parameter: its gradient is already the total
+            return
+        done.add(id(x))
+        plan.append((st, x, g))
+        return
+    if is_layer(x):
+        kids = children(x)
+        if not isinstance(g, dict):
+            raise StructureError(f"update: the gradient for `{_show(path)}` ({type(x).__name__}) should be a "
+                                 f"dict keyed by field name, got {type(g).__name__}")
+        extra = set(g) - set(kids)
+        if extra:
+            raise StructureError(f"update: the gradient has field(s) {sorted(extra)} at `{_show(path)}`, "
+                                 f"which the {type(x).__name__} lacks (fields: {list(kids)})")
+        if not isinstance(st, dict) or isinstance(st, Leaf):
+            raise StructureError(f"update: the optimiser state at `{_show(path)}` does not fit the "
+                                 f"{type(x).__name__}; call `setup(rule, model)` for this model")
+        skip = type(x)._nontrainable
+        for name, v in kids.items():
+            if name in skip:
+                continue
+            _plan(st.get(name), v, g.get(name), path_join(path, name), plan, done)
+        return
+    if isinstance(x, (list, tuple)):
+        if not isinstance(g, (list, tuple)) or len(g) != len(x):
+            raise _mismatch("the gradient does not fit", path,
+                            f"the model has a {type(x).__name__} of {len(x)}",
+                            f"the gradient is {_describe(g)}")
+        if not isinstance(st, (list, tuple)) or len(st) != len(x):
+            raise _mismatch("the optimiser state does not fit", path,
+                            f"the model has a {type(x).__name__} of {len(x)}",
+                            f"the state is {_describe(st)}; call `setup(rule, model)` for this model")
+        for i, (s, v, gi) in enumerate(zip(st, x, g)):
+            _plan(s, v, gi, path_join(path, i), plan, done)
+        return
+    if isinstance(x, dict):
+        if not isinstance(g, dict):
+            raise _mismatch("the gradient does not fit", path, "the model has a dict",
+                            f"the gradient is {_describe(g)}")
+        extra = set(g) - set(x)
+        if extra:
+            raise StructureError(f"update: the gradient has key(s) {sorted(map(repr, extra))} at "
+                                 f"`{_show(path)}`, which the model lacks")
+        if not isinstance(st, dict) or isinstance(st, Leaf):
+            raise _mismatch("the optimiser state does not fit", path, "the model has a dict",
+                            f"the state is {_describe(st)}")
+        for k, v in x.items():
+            _plan(st.get(k), v, g.get(k), path_join(path, k), plan, done)
+        return
+    # functions, numbers, NumPy arrays: nothing to train
 
 
 def _describe(v):
