@@ -223,7 +223,8 @@ def _for_each(update, xs, gs, *state_lists, **hyper):
     The updates are elementwise, so the small parameters of one dtype are
     updated as one: their arrays laid end to end, one update, the new values
     copied back. A dozen NumPy calls for all of them instead of a dozen for
-    each (a UNet's 36 parameters: 1.2 -> 0.4 ms), with the same values."""
+    each (a UNet's 36 parameters: 1.03 -> 0.56 ms), with the same values (a NaN
+    made by an invalid operation may come out with the other sign bit)."""
     if any(len(arrays) != len(xs) for arrays in (gs, *state_lists)):
         raise ValueError(f"{update.__name__.removesuffix('_forward')}: the lists of parameters, gradients "
                          f"and states differ in length: {[len(arrays) for arrays in (xs, gs, *state_lists)]}")
