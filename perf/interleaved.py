@@ -6,7 +6,11 @@ with the other's in one process. Prints a table row per case: the medians,
 the ratio's median and range over the rounds, and the load average (the
 machine's other work) before and after.
 
-    .venv/bin/python perf/interleaved.py [--one-thread] [rounds] [case ... | quick | all]
+    .venv/bin/python perf/interleaved.py [--one-thread] [--before DIR] [rounds] [case ... | quick | all]
+
+``--before DIR`` times a second triflux, the checkout at DIR (a ``git worktree``
+of the commit before a change), in the same rounds: a third process per round,
+so the before and after ratios share the machine's state.
 
 ``--one-thread`` runs both sides with one thread (OPENBLAS_NUM_THREADS,
 OMP_NUM_THREADS = 1) and takes, per process, the least CPU time per step over
@@ -84,27 +88,44 @@ def _ms(seconds):
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
-def measure(case, rounds=6, one_thread=False):
-    """(triflux's median, torch's median, the ratios of the rounds), alternating processes."""
-    ta, tb = [], []
+def measure(case, rounds=6, one_thread=False, before=None):
+    """(triflux's median, torch's median, the ratios of the rounds), alternating
+    processes; with ``before`` (the root of another checkout, such as a ``git
+    worktree`` of an older commit) a third process per round times its triflux,
+    and its (median, ratios) follow."""
+    scripts = [("triflux", __file__), ("torch", __file__)]
+    if before:
+        scripts.append(("triflux", os.path.join(before, "perf", "interleaved.py")))
+    times = [[] for _ in scripts]
     env = dict(os.environ, **ONE_THREAD) if one_thread else None
     for _ in range(rounds):
-        for side, out in (("triflux", ta), ("torch", tb)):
-            r = subprocess.run([sys.executable, __file__, "--side", side, case] + ["--cpu"] * one_thread,
+        for (side, script), out in zip(scripts, times):
+            r = subprocess.run([sys.executable, script, "--side", side, case] + ["--cpu"] * one_thread,
                                capture_output=True, text=True, check=True, env=env)
             out.append(float(r.stdout))
-    return statistics.median(ta), statistics.median(tb), [x / y for x, y in zip(ta, tb)]
+    ta, tb, *old = times
+    result = statistics.median(ta), statistics.median(tb), [x / y for x, y in zip(ta, tb)]
+    return result + ((statistics.median(old[0]), [x / y for x, y in zip(old[0], tb)]) if before else ())
 
 
-def main(rounds=6, cases=("mlp",), one_thread=False):
-    print(f"{rounds} alternating process pairs per case; load: the 1-minute load average before -> after"
+def _ratio(ratios):
+    return f"**{statistics.median(ratios):.2f}x** | {min(ratios):.2f}x-{max(ratios):.2f}x"
+
+
+def main(rounds=6, cases=("mlp",), one_thread=False, before=None):
+    print(f"{rounds} alternating process {'triples' if before else 'pairs'} per case; load: the 1-minute load "
+          "average before -> after"
           + ("; one thread each side, CPU time per step (the least over a process's groups)" if one_thread else ""))
-    print("| case | triflux | torch | ratio (median) | range | load |\n| --- | --- | --- | --- | --- | --- |")
+    if before:
+        print(f"before: {before}\n| case | triflux before | triflux | torch | ratio before | range | ratio | range "
+              "| load |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    else:
+        print("| case | triflux | torch | ratio (median) | range | load |\n| --- | --- | --- | --- | --- | --- |")
     for case in cases:
-        before = os.getloadavg()[0]
-        a, b, ratios = measure(case, rounds, one_thread)
-        print(f"| {case} | {_ms(a)} | {_ms(b)} | **{statistics.median(ratios):.2f}x** | "
-              f"{min(ratios):.2f}x-{max(ratios):.2f}x | {before:.1f} -> {os.getloadavg()[0]:.1f} |", flush=True)
+        load = os.getloadavg()[0]
+        a, b, ratios, *old = measure(case, rounds, one_thread, before)
+        times = f"{_ms(old[0])} | {_ms(a)} | {_ms(b)} | {_ratio(old[1])}" if before else f"{_ms(a)} | {_ms(b)}"
+        print(f"| {case} | {times} | {_ratio(ratios)} | {load:.1f} -> {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
@@ -114,9 +135,14 @@ if __name__ == "__main__":
         args = sys.argv[1:]
         one_thread = "--one-thread" in args
         args = [a for a in args if a != "--one-thread"]
+        before = None
+        if "--before" in args:
+            at = args.index("--before")
+            before = args[at + 1]
+            del args[at:at + 2]
         n = int(args.pop(0)) if args and args[0].isdigit() else 6
         names = [c for a in (args or ["mlp"]) for c in GROUPS.get(a, [a])]
         unknown = [c for c in names if c not in CASES]
         if unknown:
             sys.exit(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join([*CASES, *GROUPS])}")
-        main(n, names, one_thread)
+        main(n, names, one_thread, before)

@@ -114,6 +114,16 @@ def test_adam_in_cache_blocks_is_the_whole_array_update():
     assert np.count_nonzero(strided) > n // 2
 
 
+def test_interleaved_before_times_another_checkout_in_the_same_rounds():
+    # this checkout as its own "before": a third process per round, both ratios in one row
+    r = run_python("import runpy, sys; sys.argv = ['interleaved.py', '--before', '.', '1', 'add_tiny']; "
+                   "runpy.run_path('perf/interleaved.py', run_name='__main__')", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "process triples" in r.stdout and "| ratio before |" in r.stdout
+    row = [line for line in r.stdout.splitlines() if line.startswith("| add_tiny |")]
+    assert len(row) == 1 and row[0].count("|") == 10 and row[0].count("x-") == 2
+
+
 def test_interleaved_one_thread_prints_cpu_times():
     r = run_python("import runpy, sys; sys.argv = ['interleaved.py', '--one-thread', '1', 'add_tiny']; "
                    "runpy.run_path('perf/interleaved.py', run_name='__main__')", timeout=300)
