@@ -5,11 +5,7 @@ from the system (reference/_allocator.py keeps glibc's heap between steps);
 ``reclaim()`` returns the kept heap."""
 import gc
 import json
-import os
 import platform
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -17,7 +13,8 @@ import pytest
 import triflux as tf
 from triflux import losses
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .helpers import run_python
+
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 
@@ -67,8 +64,8 @@ def test_a_training_step_makes_no_reference_cycles(kind, how):
 
 
 def _run(code, env=None):
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, **(env or {})}, timeout=300)
+    """The JSON value ``code`` prints last, run in a fresh Python."""
+    out = run_python(code, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
