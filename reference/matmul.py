@@ -7,12 +7,18 @@
   is promoted to a one-row / one-column matrix and that axis dropped again);
 * N-D: a stack of matrices in the last two axes, the leading (batch) axes
   broadcast against each other: ``(2, 1, 5, 3) @ (4, 3, 7) -> (2, 4, 5, 7)``.
+
+``dense_bias_act`` is a Dense layer's forward as one primitive, act(x @ w^T
++ b), its backward one pass through the activation and three sums over the
+rows of x (``triflux.specs.matmul``): where matmul, the bias add and the
+activation would each keep their own output and pass over it again.
 """
 import math
 
 import numpy as np
 
-from ..specs.matmul import matmul_spec
+from ..specs.matmul import dense_bias_act_spec, matmul_spec
+from ._activation import activate, through_activation
 from ._util import in_compute_dtype, unbroadcast
 
 
@@ -93,3 +99,48 @@ def matmul_backward(grad, out, a, b, needs=(True, True)):
     if needs[1]:
         db = _adjoint(_mT(ac), gc, b2).reshape(b.shape)
     return da, db
+
+
+# --- Dense: the product, the bias and the activation fused (one primitive) -------------------
+
+def dense_bias_act_forward(x, w, b, activation="identity"):
+    """y = act(x @ w^T + b) on the last axis of x (a Dense layer's forward):
+
+        y[..., o] = act(z[..., o]),   z[..., o] = sum_k x[..., k] w[o, k] + b[o]
+
+    for ``x`` (..., K), ``w`` (O, K), ``b`` (O,), with act one of the declared
+    fusable activations, identity, relu (max(z, 0)), sigmoid (1 / (1 +
+    exp(-z))) and tanh: those whose derivative is a function of y alone, so
+    the backward needs only the output. The leading axes of x are one axis
+    of rows for the product; the bias and the activation are applied in
+    place on its result. Computed in float32 for half-precision inputs and
+    rounded once; output (..., O) in x's dtype."""
+    spec = dense_bias_act_spec(np.shape(x), np.shape(w), np.shape(b), x.dtype, w.dtype, np.asarray(b).dtype,
+                               activation)
+    xc, wc, bc = in_compute_dtype(x, w, b)
+    z = xc.reshape(spec.rows, spec.in_features) @ wc.T
+    z += bc
+    return activate(z, activation, out=z).reshape(spec.out_shape).astype(x.dtype, copy=False)
+
+
+def dense_bias_act_backward(grad, out, x, w, b, activation="identity", needs=(True, True, True)):
+    """Adjoint of y = act(x @ w^T + b) with G = dL/dy, from the output y
+    (``needs``: which of (dx, dw, db) to compute; the others are None); the
+    sums over ``...`` run over every leading axis of x:
+
+        gz[..., o] = G[..., o] act'(y[..., o])
+                     (identity: 1; relu: [not y <= 0]; sigmoid: y (1 - y); tanh: 1 - y^2)
+        dx[..., k] = sum_o gz[..., o] w[o, k]            (gz @ w)
+        dw[o, k]   = sum_... gz[..., o] x[..., k]        (gz^T @ x: one product over all rows)
+        db[o]      = sum_... gz[..., o]
+
+    Products and sums run in float32 for float16/bfloat16 and are rounded once."""
+    spec = dense_bias_act_spec(np.shape(x), np.shape(w), np.shape(b), x.dtype, w.dtype, np.asarray(b).dtype,
+                               activation)
+    xc, wc, g, y = in_compute_dtype(x, w, grad, out)
+    rows, K, O = spec.rows, spec.in_features, spec.out_features
+    gz = through_activation(np.reshape(g, (rows, O)), np.reshape(y, (rows, O)), activation)
+    dx = (gz @ wc).reshape(np.shape(x)).astype(x.dtype, copy=False) if needs[0] else None
+    dw = (gz.T @ xc.reshape(rows, K)).astype(w.dtype, copy=False) if needs[1] else None
+    db = gz.sum(axis=0).astype(np.asarray(b).dtype, copy=False) if needs[2] else None
+    return dx, dw, db

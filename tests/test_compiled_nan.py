@@ -88,8 +88,13 @@ NAN_SENSITIVE_LAUNCHES = [
     # conv2d_bias_act: the fused relu epilogue and its gradient
     ("conv2d_bias_act relu forward", lambda K, t: K.conv.conv2d_bias_act_forward(
         t(2, 3, 9, 9), t(4, 3, 3, 3), t(4), activation="relu")),
-    ("conv2d_bias_act relu backward (gz = G relu'(y))", lambda K, t: K.conv._act_grad_and_bias_grad(
+    ("conv2d_bias_act relu backward (gz = G relu'(y))", lambda K, t: K.bias_act.act_grad_and_bias_grad(
         t(2, 4, 7, 7), t(2, 4, 7, 7), t(4), K.numerics.ACTIVATION_CODES["relu"])),
+    # dense_bias_act: the matmul kernel's relu epilogue, and its gradient through a (rows, O) matrix
+    ("dense_bias_act relu forward", lambda K, t: K.matmul.dense_bias_act_forward(
+        t(8, 9), t(4, 9), t(4), activation="relu")),
+    ("dense_bias_act relu backward", lambda K, t: K.matmul.dense_bias_act_backward(
+        t(8, 4), t(8, 4), t(8, 9), t(4, 9), t(4), activation="relu")),
     # dropout: the mask multiplies (a dropped NaN stays NaN)
     ("dropout forward", lambda K, t: K.dropout.dropout_forward(t(1000), 0.5, 7)),
     # max pooling: the window scan (first real, greater, or NaN), forward and argmax + routing
@@ -165,7 +170,7 @@ def _worker():
     from triflux.triton_kernels import launch
     K = types.SimpleNamespace()
     for family in ("elementwise", "reduce", "softmax", "norm", "conv", "dropout", "fill", "optimise",
-                   "matmul", "shape", "pool", "rnn", "numerics"):
+                   "matmul", "shape", "pool", "rnn", "numerics", "bias_act"):
         try:
             setattr(K, family, __import__(f"triflux.triton_kernels.{family}", fromlist=[family]))
         except ImportError:

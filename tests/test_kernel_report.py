@@ -61,7 +61,7 @@ ARCHS = tuple(COMPILED)
 #: the representative set's compiled findings by cache key (see the module docstring)
 SEED = Path(__file__).with_name("compiled_kernels.json")
 #: kernel modules (triflux.triton_kernels.<family>) whose kernels must not spill
-NO_SPILL_FAMILIES = ("conv", "matmul", "rnn", "norm")
+NO_SPILL_FAMILIES = ("conv", "matmul", "bias_act", "rnn", "norm")
 #: kernel modules with dots that must use tensor cores on 16-bit inputs
 DOT_FAMILIES = ("conv", "matmul", "rnn")
 
@@ -265,6 +265,13 @@ def test_flops_of_contractions():
     back = PrimitiveCall("matmul", "matmul", "backward", [(128, 256), (128, 256), (128, 784), (784, 256)],
                          {"needs": (False, True)})
     assert primitive_flops(back) == 2 * 128 * 784 * 256        # only the weight's gradient
+    dense = PrimitiveCall("dense_bias_act", "matmul", "forward", [(4, 32, 784), (256, 784), (256,)],
+                          {"activation": "relu"})
+    assert primitive_flops(dense) == 2 * 128 * 784 * 256
+    dense_back = PrimitiveCall("dense_bias_act", "matmul", "backward",
+                               [(128, 256), (128, 256), (128, 784), (256, 784), (256,)],
+                               {"activation": "relu", "needs": (True, True, True)})
+    assert primitive_flops(dense_back) == 2 * 2 * 128 * 784 * 256
     conv = PrimitiveCall("conv2d", "conv", "backward", [(4, 8, 30, 30), (4, 8, 30, 30), (4, 3, 32, 32),
                                                          (8, 3, 3, 3)], {})
     assert primitive_flops(conv) == 2 * 2 * (4 * 8 * 30 * 30) * 3 * 3 * 3

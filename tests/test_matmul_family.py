@@ -354,3 +354,202 @@ def test_strategy_draws_the_cases_that_hide_bugs():
     assert runs_with(lambda a, b, c: max(np.prod(a.shape[:-2]), np.prod(b.shape[:-2])) >= 1000) >= 0.9
     assert runs_with(lambda a, b, c: max(a.ndim, b.ndim) >= 4) >= 0.9
     assert runs_with(lambda a, b, c: max(a.ndim, b.ndim) >= 3 and len(set(a.shape + b.shape)) == 1) >= 0.6
+
+
+# --- dense_bias_act: act(x @ w^T + b), a Dense layer as one primitive -------------------------
+
+from triflux.primitives import REGISTRY  # noqa: E402
+
+#: the activations dense_bias_act fuses, as declared with the primitive
+DENSE_ACTS = REGISTRY["dense_bias_act"].fusable_activations
+#: x's shapes: leading axes none, one, two; no rows; no features
+DENSE_X = [(7,), (5, 7), (2, 3, 7), (0, 7), (4, 0)]
+
+
+def _dense_sides():
+    """(name, forward, backward, to the side, back to NumPy) of the reference and the kernel."""
+    yield "reference", ref.dense_bias_act_forward, ref.dense_bias_act_backward, lambda a: a, np.asarray
+    yield ("kernel", km.dense_bias_act_forward, km.dense_bias_act_backward,
+           lambda a: _t(a, torch.float64), _np)
+
+
+@pytest.mark.parametrize("act", DENSE_ACTS)
+@pytest.mark.parametrize("x_shape", DENSE_X, ids=str)
+def test_dense_bias_act_is_the_product_then_the_bias_then_the_activation(x_shape, act):
+    """Both sides, float64: the forward is act(x @ w^T + b) and the backward
+    the chain rule through it, written out in NumPy (gz = G act'(z) from z,
+    not from y), for every leading-axes shape."""
+    K = x_shape[-1]
+    x, w, b = _rand(x_shape, 1), _rand((3, K), 2), _rand((3,), 3)
+    z = x @ w.T + b
+    y_expected = {"identity": z, "relu": np.maximum(z, 0), "sigmoid": 1 / (1 + np.exp(-z)),
+                  "tanh": np.tanh(z)}[act]
+    g = _rand(y_expected.shape, 4)
+    slope = {"identity": np.ones_like(z), "relu": (z > 0) * 1.0, "sigmoid": y_expected * (1 - y_expected),
+             "tanh": 1 - np.tanh(z) ** 2}[act]
+    rows = int(np.prod(x_shape[:-1]))
+    gz = (g * slope).reshape(rows, 3)
+    expected = ((gz @ w).reshape(x_shape), gz.T @ x.reshape(rows, K), gz.sum(axis=0))
+    for side, forward, backward, to, back in _dense_sides():
+        y = forward(to(x), to(w), to(b), activation=act)
+        assert tuple(y.shape) == y_expected.shape, f"{side}: {tuple(y.shape)}"
+        np.testing.assert_allclose(back(y), y_expected, rtol=1e-12, atol=1e-14, err_msg=f"{side} y")
+        for got, want, what in zip(backward(to(g), y, to(x), to(w), to(b), activation=act), expected,
+                                   ("dx", "dw", "db")):
+            assert tuple(got.shape) == want.shape, f"{side} {what}: {tuple(got.shape)}"
+            np.testing.assert_allclose(back(got), want, rtol=1e-12, atol=1e-14, err_msg=f"{side} {what}")
+
+
+def test_dense_relu_gradient_is_a_select():
+    """relu's backward keeps G where y > 0 or y is NaN and gives 0 elsewhere,
+    whatever G is there (an infinite or NaN G included): torch's
+    threshold_backward, on both sides and in the reference's conv and norm
+    too (they share ``through_activation``)."""
+    from triflux.reference._activation import through_activation
+    nan, inf = np.nan, np.inf
+    y = np.array([[0.0, -0.0, 2.0, nan, 0.0, 1.0]])
+    g = np.array([[inf, nan, -inf, 3.0, -inf, nan]])
+    want = np.array([[0.0, 0.0, -inf, 3.0, 0.0, nan]])
+    for dtype in (np.float32, np.float64):
+        np.testing.assert_array_equal(through_activation(g.astype(dtype), y.astype(dtype), "relu"), want)
+    x, w = np.ones((1, 6)), np.eye(6)
+    for side, _, backward, to, back in _dense_sides():
+        _, _, db = backward(to(g), to(y), to(x), to(w), to(np.zeros(6)), activation="relu")
+        np.testing.assert_array_equal(back(db), want[0], err_msg=side)
+
+
+def test_dense_bias_act_partial_backward():
+    """Declared partial_backward: a gradient not in ``needs`` is None, the
+    others are those of the full backward; the weight's gradient has the
+    weight's (row-major) layout."""
+    x, w, b = _rand((2, 3, 7), 5), _rand((4, 7), 6), _rand((4,), 7)
+    for side, forward, backward, to, back in _dense_sides():
+        args = [to(a) for a in (x, w, b)]
+        y = forward(*args, activation="tanh")
+        g = to(_rand(tuple(y.shape), 8))
+        full = backward(g, y, *args, activation="tanh")
+        for i in range(3):
+            needs = tuple(j != i for j in range(3))
+            part = backward(g, y, *args, activation="tanh", needs=needs)
+            assert part[i] is None, f"{side}: gradient {i} computed though not needed"
+            for j in (j for j in range(3) if j != i):
+                np.testing.assert_array_equal(back(part[j]), back(full[j]), err_msg=f"{side} gradient {j}")
+        dw = full[1]
+        assert (dw.flags.c_contiguous if side == "reference" else dw.is_contiguous()), f"{side}: dw not row-major"
+
+
+def test_dense_bias_act_with_no_features_is_the_activated_bias():
+    """K = 0: every row is act(b) (the kernel runs its epilogue on an empty sum)."""
+    b = _rand((3,), 9)
+    for side, forward, _, to, back in _dense_sides():
+        y = forward(to(np.zeros((4, 0))), to(np.zeros((3, 0))), to(b), activation="sigmoid")
+        np.testing.assert_allclose(back(y), np.broadcast_to(1 / (1 + np.exp(-b)), (4, 3)), rtol=1e-12,
+                                   err_msg=side)
+
+
+def test_matrix_product_epilogue_on_batched_products():
+    """The kernel's bias and activation epilogue on stacks of products too
+    (several batch items per program in the interpreter, one on a GPU)."""
+    a, b, bias = _rand((3, 5, 7), 10), _rand((3, 7, 4), 11), _rand((4,), 12)
+    code = km.ACTIVATION_CODES["relu"]
+    c = km.matrix_product(_t(a, torch.float64), _t(b, torch.float64), bias=_t(bias, torch.float64), activation=code)
+    np.testing.assert_allclose(_np(c), np.maximum(a @ b + bias, 0), rtol=1e-12)
+
+
+def test_dense_bias_act_kernels_use_torch_only_for_memory():
+    x = _t(_rand((2, 5, 7), 13)).transpose(0, 1)                # (5, 2, 7): no (rows, K) view, a copy
+    w, b = _t(_rand((4, 7), 14)), _t(_rand((4,), 15))
+    xh, wh, bh = (t.to(torch.bfloat16) for t in (x, w, b))
+
+    def work():
+        for act in DENSE_ACTS:
+            y = km.dense_bias_act_forward(x, w, b, activation=act)
+            km.dense_bias_act_backward(y.transpose(0, 1).transpose(0, 1), y, x, w, b, activation=act)
+        y = km.dense_bias_act_forward(xh, wh, bh, activation="tanh")    # 16-bit: gz cast for the products
+        km.dense_bias_act_backward(y, y, xh, wh, bh, activation="tanh")
+    assert_torch_only_moves_memory(work, "the dense_bias_act kernels")
+
+
+def test_dense_bias_act_errors():
+    """The spec refuses, with what to change, on both sides and at the API
+    edge (before any dispatch); ops promote a bias as matmul(x, w.T) + b would."""
+    import triflux as tf
+    from triflux import ops
+    x, w, b = (np.zeros(s, np.float32) for s in ((4, 3), (2, 3), (2,)))
+    for side, forward, _, to, _ in _dense_sides():
+        with pytest.raises(ValueError, match="activation must be one of"):
+            forward(to(x), to(w), to(b), activation="gelu")
+        with pytest.raises(ShapeError, match=r"bias must have shape \(2,\)"):
+            forward(to(x), to(w), to(np.zeros(3)), activation="relu")
+        with pytest.raises(ShapeError, match="looks like Flux's"):
+            forward(to(x.T), to(w), to(b))
+    with pytest.raises(DTypeError, match="one dtype"):
+        ref.dense_bias_act_forward(x, w.astype(np.float64), b)
+    assert ops.dense_bias_act(tf.tensor(x), tf.tensor(w), tf.tensor(np.zeros(2))).dtype == np.float64
+    with pytest.raises(ShapeError, match="matrix"):
+        ops.dense_bias_act(tf.tensor(x), tf.tensor(np.zeros(3, np.float32)), tf.tensor(b))
+
+
+def _recorded(layer, x):
+    """Names of the primitives the tape records for ``layer(x)``."""
+    from triflux import tape as tapes
+    tape = tapes.Tape([x, layer.weight] + ([layer.bias] if layer.bias is not None else []))
+    outer, tapes.TAPE = tapes.TAPE, tape
+    try:
+        layer(x)
+    finally:
+        tapes.TAPE = outer
+    return [prim.name for prim, *_ in tape.nodes]
+
+
+@pytest.mark.parametrize("dev", ["cpu", "cuda"])
+def test_dense_layer_is_one_fused_primitive_and_computes_as_before(dev):
+    """Dense with a bias and a fusable activation records one dense_bias_act;
+    other activations and bias=False keep matmul (+ bias) and the activation.
+    Fused or not, the layer's output and its parameters' gradients are those
+    of the unfused ops."""
+    import triflux as tf
+    from triflux import ops
+    from helpers import device
+    d = device(dev)
+    rng = np.random.default_rng(0)
+    x, c = (d(tf.tensor(rng.standard_normal(s))) for s in ((2, 3, 5), (2, 3, 4)))
+    for act, name in ((tf.relu, "relu"), (tf.σ, "sigmoid"), (tf.tanh, "tanh"), (tf.identity, "identity")):
+        layer = d(tf.Dense(5, 4, act, dtype=np.float64))
+        assert _recorded(layer, x) == ["dense_bias_act"], f"Dense with {name}: not fused"
+
+        def unfused(m):
+            return ops.sum(act(ops.matmul(x, m.weight.T) + m.bias) * c)
+        value, (g,) = tf.withgradient(lambda m: ops.sum(m(x) * c), layer)
+        value_unfused, (g_unfused,) = tf.withgradient(unfused, layer)
+        np.testing.assert_allclose(tf.cpu(value).numpy(), tf.cpu(value_unfused).numpy(), rtol=1e-12)
+        for key in ("weight", "bias"):
+            np.testing.assert_allclose(tf.cpu(g[key]).numpy(), tf.cpu(g_unfused[key]).numpy(), rtol=1e-12,
+                                       atol=1e-15, err_msg=f"{name} {key}")
+    names = _recorded(d(tf.Dense(5, 4, tf.leakyrelu, dtype=np.float64)), x)
+    assert "dense_bias_act" not in names and names[-1] == "leakyrelu" and "matmul" in names, names
+    names = _recorded(d(tf.Dense(5, 4, tf.relu, bias=False, dtype=np.float64)), x)
+    assert "dense_bias_act" not in names and names[-1] == "relu", names
+
+
+def test_dense_bias_gradient_in_splits(monkeypatch):
+    """On a GPU, the bias gradient of many rows is summed in several programs
+    of 64 columns x 16 rows and a second launch (no atomics): forced here in
+    the interpreter, on a (rows, O) matrix as dense_bias_act passes it."""
+    from triflux.triton_kernels import bias_act
+    g, y = _rand((9000, 70), 21), 1 / (1 + np.exp(-_rand((9000, 70), 22)))
+    gt, yt, bt = _t(g, torch.float64), _t(y, torch.float64), _t(_rand((70,), 23), torch.float64)
+    launched, real_launch = [], launch.launch
+    monkeypatch.setattr(launch, "launch", lambda k, grid, *a, **m: (launched.append((k, grid, m)),
+                                                                    real_launch(k, grid, *a, **m))[1])
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    gz, db = bias_act.act_grad_and_bias_grad(gt.view(9000, 70, 1, 1), yt.view(9000, 70, 1, 1), bt,
+                                             km.ACTIVATION_CODES["sigmoid"])
+    monkeypatch.setattr(launch, "INTERPRET", True)
+    monkeypatch.setattr(launch, "launch", real_launch)
+    assert [k for k, _, _ in launched] == [bias_act._act_grad_kernel, bias_act._sum_splits_kernel], launched
+    (_, grid, meta), _ = launched
+    assert grid == (2, 3) and (meta["BLOCK_SIZE_CHANNELS"], meta["BLOCK_SIZE_PIXELS"]) == (64, 16), launched
+    gz64 = g * y * (1 - y)
+    np.testing.assert_allclose(_np(gz).reshape(9000, 70), gz64, rtol=1e-12)
+    np.testing.assert_allclose(_np(db), gz64.sum(axis=0), rtol=1e-10)

@@ -4,8 +4,8 @@ What is checked, and where it can be seen:
 
 * the setting itself: the default "ieee", torch's spellings, the error;
 * ``numerics.dot_kind`` picks DOT_TF32 for float32 operands only, and every
-  GEMM-shaped kernel launch (matmul, conv2d, conv_transpose2d, conv2d_bias_act,
-  the recurrent layers; forward and backward) receives it: ``launch.launch``
+  GEMM-shaped kernel launch (matmul, dense_bias_act, conv2d, conv_transpose2d,
+  conv2d_bias_act, the recurrent layers; forward and backward) receives it: ``launch.launch``
   is replaced by a recorder and the ``DOT`` constexpr of each launch is read;
 * the kernels' dots really read TF32 operands: float32 values whose only
   nonzero bits are among the 13 that TF32 drops come out of a TF32 product
@@ -103,6 +103,9 @@ def _gemm_calls(dtype):
     return [
         ("matmul forward", lambda: matmul.matmul_forward(t(5, 7), t(7, 9))),
         ("matmul backward", lambda: matmul.matmul_backward(t(3, 5, 9), None, t(3, 5, 7), t(3, 7, 9))),
+        ("dense_bias_act forward", lambda: matmul.dense_bias_act_forward(t(3, 5, 7), t(9, 7), t(9), activation="relu")),
+        ("dense_bias_act backward", lambda: matmul.dense_bias_act_backward(
+            t(3, 5, 9), t(3, 5, 9), t(3, 5, 7), t(9, 7), t(9), activation="tanh")),
         ("conv2d forward", lambda: conv.conv2d_forward(t(2, 4, 9, 9), t(6, 4, 3, 3))),
         ("conv2d backward", lambda: conv.conv2d_backward(t(2, 6, 7, 7), None, t(2, 4, 9, 9), t(6, 4, 3, 3))),
         ("conv_transpose2d forward", lambda: conv.conv_transpose2d_forward(
@@ -231,7 +234,7 @@ def test_tf32_dots_drop_the_low_bits(precision, tf32_interpreter, kernel_device)
 # --- the property suite with the TF32 row --------------------------------------------------------
 
 @requires_kernels
-@pytest.mark.parametrize("name", ["matmul", "conv2d", "conv_transpose2d", "conv2d_bias_act"])
+@pytest.mark.parametrize("name", ["matmul", "dense_bias_act", "conv2d", "conv_transpose2d", "conv2d_bias_act"])
 def test_tf32_kernels_match_the_reference_within_the_tf32_row(name, precision, tf32_interpreter,
                                                              monkeypatch, kernel_device):
     """The property suite's float32 forward and backward comparisons, with the

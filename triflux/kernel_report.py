@@ -760,6 +760,10 @@ def primitive_flops(call, out=None):
 
 def _contraction_flops(call, inputs, out_shape, backward, largest):
     fam = call.family
+    if call.name == "dense_bias_act":
+        x, w = inputs[0], inputs[1]
+        one = 2 * math.prod(x[:-1]) * w[0] * w[1]
+        return one * (sum(call.attrs.get("needs", (True, True))[:2]) if backward else 1)
     if fam == "matmul":
         a, b = inputs[0], inputs[1]
         k = a[-1]

@@ -19,7 +19,7 @@ from .constructors import next_seed
 from .dispatch import apply, common_device
 from .errors import DTypeError, ShapeError
 from .primitives import REGISTRY
-from .specs.matmul import matmul_spec
+from .specs.matmul import dense_bias_act_spec, matmul_spec
 from .specs.norm import batchnorm_spec
 from .specs.reduce import reduce_spec
 from .specs.rnn import recurrent_spec
@@ -229,6 +229,23 @@ def matmul(a, b):
     a, b = _promote(a, b)
     matmul_spec(a.shape, b.shape, a.dtype, b.dtype)
     return apply(_P["matmul"], (a, b), {}, "matmul")
+
+
+def dense_bias_act(x, w, b, *, activation="identity"):
+    """``activation(matmul(x, w.T) + b)`` as one fused primitive (a Dense
+    layer's forward): ``x`` (..., K), ``w`` (O, K) in torch's Linear layout,
+    ``b`` (O,), result (..., O); ``activation`` one of the primitive's
+    ``fusable_activations``, "identity", "relu", "sigmoid", "tanh" (those
+    whose derivative follows from the output). Math: reference/matmul.py
+    ``dense_bias_act_forward``."""
+    x, w = _promote(_floating(x, "dense_bias_act"), _floating(w, "dense_bias_act"))
+    b = as_tensor(b)
+    if b.dtype != x.dtype:  # promote as matmul(x, w.T) + b would
+        b = _floating(b, "dense_bias_act")
+        x, b = _promote(x, b)
+        w = cast(w, x.dtype)
+    dense_bias_act_spec(x.shape, w.shape, b.shape, x.dtype, w.dtype, b.dtype, activation)
+    return apply(_P["dense_bias_act"], (x, w, b), {"activation": activation}, "dense_bias_act")
 
 
 # --- softmax family ---------------------------------------------------------------------------

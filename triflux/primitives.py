@@ -48,6 +48,11 @@ register("max", "reduce", accumulates=False, doc=_REDUCE_DOC)
 # --- matrix products ------------------------------------------------------------------
 register("matmul", "matmul", accumulates=True, multilinear_forward=True, multilinear_backward=True,
          partial_backward=True, doc="NumPy matmul semantics: vector, matrix, batched with broadcasting")
+register("dense_bias_act", "matmul", accumulates=True, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
+         partial_backward=True,
+         doc="inputs: x (..., K), w (O, K) (torch's Linear layout), b (O,); attrs: activation (one of "
+             "fusable_activations). y = act(x @ w^T + b) on the last axis of x, fused: a Dense layer's "
+             "forward as one primitive; the backward uses only the output y.")
 
 # --- softmax family ---------------------------------------------------------------------
 register("softmax", "softmax", accumulates=True, doc="attrs: axis")

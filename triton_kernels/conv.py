@@ -20,17 +20,17 @@ Implicit GEMM, no im2col in device memory. Two kernels do everything:
   N x Ho x Wo output pixels, BLOCK_SIZE_PIXELS at a time. When the tiles
   are fewer than the GPU has room for, the pixels are split (split-K): each
   program sums one range of them into a float32 (float64) partial weight
-  gradient, and ``_sum_splits_kernel`` adds the partial sums in a second
+  gradient, and ``bias_act.sum_splits`` adds the partial sums in a second
   pass, rounding once to the weight's dtype (no atomics: the result is the
   same on every run).
 
 conv2d_bias_act is the forward kernel with ``HAS_BIAS`` and an
 ``ACTIVATION`` (numerics.ACT_IDENTITY, ACT_RELU, ACT_SIGMOID, ACT_TANH) applied to the
 accumulator in the epilogue, before the one store (the plain conv2d passes
-HAS_BIAS=False, ACT_IDENTITY). Its backward is one pass ``_act_grad_kernel``
-(gz = G * act'(y) from the output y, and the per-channel sums of gz for the
-bias, partial sums and ``_sum_splits_kernel`` on the GPU when there are many
-pixels: no atomics), then the two kernels above on gz.
+HAS_BIAS=False, ACT_IDENTITY). Its backward is one pass of
+``bias_act.act_grad_and_bias_grad`` (gz = G * act'(y) from the output y, and
+the per-channel sums of gz for the bias, split on the GPU when there are
+many pixels: no atomics), then the two kernels above on gz.
 
 conv_transpose2d is conv2d's adjoint, so it reuses them as in the reference:
 forward = conv2d's input gradient, dx = conv2d forward, dw = conv2d weight
@@ -59,7 +59,8 @@ import triton
 import triton.language as tl
 
 from . import copy, launch, numerics, tuning
-from .numerics import ACT_IDENTITY, ACT_RELU, ACTIVATION_CODES, DOT_FP64, DOT_NATIVE, dot, dot_kind, store_value
+from .bias_act import act_grad_and_bias_grad, sum_splits
+from .numerics import ACT_IDENTITY, ACTIVATION_CODES, DOT_FP64, DOT_NATIVE, dot, dot_kind, store_value
 from ..autotuning import get_autotune
 from ..errors import DTypeError
 from ..specs.conv import conv2d_bias_act_spec, conv2d_spec, conv_transpose2d_spec
@@ -243,65 +244,6 @@ def _weight_grad_kernel(x, g, dw, in_height, in_width, out_height, out_width, nu
              mask=channel_mask[:, None] & entry_mask[None, :])
 
 
-@triton.jit
-def _act_grad_kernel(g, y, gz, partial_sums, channels, image_pixels, out_width, num_pixels, split_size,
-                     g_batch_stride, g_channel_stride, g_height_stride, g_width_stride,
-                     y_batch_stride, y_channel_stride, y_height_stride, y_width_stride,
-                     ACTIVATION: tl.constexpr, STORE_GZ: tl.constexpr, COMPUTE_TYPE: tl.constexpr,
-                     INTERP: tl.constexpr, BLOCK_SIZE_CHANNELS: tl.constexpr, BLOCK_SIZE_PIXELS: tl.constexpr):
-    """gz[n, o, p, q] = g[n, o, p, q] * act'(y[n, o, p, q]) into a dense gz (only with
-    STORE_GZ; identity leaves g as it is) and partial_sums[s, o] = sum_{pixels m = (n, p, q)
-    of split s} gz[n, o, p, q], split s covering m in [s*split_size, (s+1)*split_size) of
-    num_pixels = N*Ho*Wo (image_pixels = Ho*Wo per image). act' from y: identity 1, relu
-    [not y <= 0] (0 at 0, 1 at NaN: torch's threshold_backward), sigmoid y (1 - y), tanh 1 - y^2."""
-    pid_channels = tl.program_id(0)
-    split = tl.program_id(1).to(tl.int64)
-    channel = (pid_channels * BLOCK_SIZE_CHANNELS + tl.arange(0, BLOCK_SIZE_CHANNELS)).to(tl.int64)
-    channel_mask = channel < channels
-    m_lo = split * split_size
-    m_hi = tl.minimum(m_lo + split_size, num_pixels)
-    acc = tl.zeros((BLOCK_SIZE_CHANNELS, BLOCK_SIZE_PIXELS), dtype=COMPUTE_TYPE)
-    for m0 in range(m_lo, m_hi, BLOCK_SIZE_PIXELS):
-        m = m0 + tl.arange(0, BLOCK_SIZE_PIXELS)
-        pixel_mask = m < m_hi
-        n = m // image_pixels
-        pixel = m % image_pixels
-        p = pixel // out_width
-        q = pixel % out_width
-        mask = channel_mask[:, None] & pixel_mask[None, :]
-        gv = tl.load(g + n[None, :] * g_batch_stride + channel[:, None] * g_channel_stride
-                     + p[None, :] * g_height_stride + q[None, :] * g_width_stride,
-                     mask=mask, other=0.0).to(COMPUTE_TYPE)
-        if ACTIVATION == ACT_IDENTITY:
-            d = gv
-        else:
-            yv = tl.load(y + n[None, :] * y_batch_stride + channel[:, None] * y_channel_stride
-                         + p[None, :] * y_height_stride + q[None, :] * y_width_stride,
-                         mask=mask, other=0.0).to(COMPUTE_TYPE)
-            d = numerics.through_activation(gv, yv, ACTIVATION)
-        if STORE_GZ:
-            tl.store(gz + (n[None, :] * channels + channel[:, None]) * image_pixels + pixel[None, :],
-                     store_value(d, gz.dtype.element_ty, INTERP), mask=mask)
-        acc += d
-    tl.store(partial_sums + split * channels + channel,
-             store_value(tl.sum(acc, axis=1), partial_sums.dtype.element_ty, INTERP), mask=channel_mask)
-
-
-@triton.jit
-def _sum_splits_kernel(partial_sums, total, num_splits, size, COMPUTE_TYPE: tl.constexpr, INTERP: tl.constexpr,
-                       BLOCK_SIZE_SPLITS: tl.constexpr, BLOCK_SIZE_COLUMNS: tl.constexpr):
-    """total[k] = sum_{s < num_splits} partial_sums[s, k] for k < size (partial_sums dense
-    (num_splits, size), total dense): the second pass of the split sums, bias and weight gradients."""
-    column = tl.program_id(0).to(tl.int64) * BLOCK_SIZE_COLUMNS + tl.arange(0, BLOCK_SIZE_COLUMNS)
-    column_mask = column < size
-    acc = tl.zeros((BLOCK_SIZE_SPLITS, BLOCK_SIZE_COLUMNS), dtype=COMPUTE_TYPE)
-    for s0 in range(0, num_splits, BLOCK_SIZE_SPLITS):
-        split = s0 + tl.arange(0, BLOCK_SIZE_SPLITS)
-        acc += tl.load(partial_sums + split[:, None] * size + column[None, :],
-                       mask=(split < num_splits)[:, None] & column_mask[None, :], other=0.0).to(COMPUTE_TYPE)
-    tl.store(total + column, store_value(tl.sum(acc, axis=0), total.dtype.element_ty, INTERP), mask=column_mask)
-
-
 # --- launch helpers ---------------------------------------------------------------------------
 
 #: programs a launch aims at, per SM of the GPU (launch.sm_count): with 8-warp programs,
@@ -413,17 +355,6 @@ def _gather_conv(x, w, y, spec, reduce_channels, out_channels_per_group, w_strid
     return y
 
 
-def _sum_splits(partial_sums, total):
-    """total[k] = sum_s partial_sums[s, k] by _sum_splits_kernel (both dense;
-    summed in the partial sums' type, rounded once to total's dtype)."""
-    num_splits, size = partial_sums.shape
-    block = 64
-    launch.launch(_sum_splits_kernel, (launch.cdiv(size, block),), partial_sums, total, num_splits, size,
-                  COMPUTE_TYPE=numerics.compute_type(partial_sums.dtype), INTERP=launch.INTERPRET,
-                  BLOCK_SIZE_SPLITS=16, BLOCK_SIZE_COLUMNS=block)
-    return total
-
-
 def _check_floating(x):
     if not x.dtype.is_floating_point:
         raise DTypeError(f"conv on the GPU needs floating inputs, got {x.dtype}")
@@ -468,7 +399,7 @@ def _weight_grad_splits(programs, num_pixels, target_programs):
 def _conv2d_weight_grad(x, g, spec, dtype):
     """The spec's conv2d weight gradient into a new dense tensor of the spec's
     weight shape: _weight_grad_kernel, split over the pixels into float32
-    (float64) partial sums and _sum_splits when it has few tiles."""
+    (float64) partial sums and sum_splits when it has few tiles."""
     O, Cg, kh, kw = spec.w_shape
     N, _, H, W = x.shape
     _, _, HO, WO = g.shape
@@ -501,7 +432,7 @@ def _conv2d_weight_grad(x, g, spec, dtype):
                   BLOCK_SIZE_CHANNELS=bo, BLOCK_SIZE_ENTRIES=bq, BLOCK_SIZE_PIXELS=bm, DOT=kind,
                   INTERP=launch.INTERPRET, **options)
     if splits > 1:
-        _sum_splits(partial_sums.view(splits, -1), dw.view(-1))
+        sum_splits(partial_sums.view(splits, -1), dw.view(-1))
     return dw
 
 
@@ -557,45 +488,6 @@ def conv_transpose2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 
 
 # --- conv2d with bias and activation fused --------------------------------------------------
 
-def _act_grad_and_bias_grad(grad, out, b, activation):
-    """(gz, db): gz = G * act'(y) as a new dense tensor (G itself for identity;
-    relu in G's dtype, sigmoid/tanh in the compute type) and db = its
-    per-channel sum in b's dtype, in one pass over G and y (float32/float64
-    accumulation, no atomics: with several splits per channel, partial sums
-    and a second small launch); ``activation`` an ACTIVATION code."""
-    N, O, HO, WO = out.shape
-    NPIX, NM = HO * WO, N * HO * WO
-    store = activation != ACT_IDENTITY.value
-    acc_dtype = torch.float64 if out.dtype == torch.float64 else torch.float32
-    # relu's gz is exactly G or 0 in G's dtype; sigmoid's and tanh's is kept in
-    # the compute type (float32 for half precision), not rounded before the convs
-    gz_dtype = grad.dtype if activation == ACT_RELU.value else acc_dtype
-    gz = launch.empty(tuple(out.shape), gz_dtype, out.device) if store else grad
-    if O == 0:
-        return gz, launch.empty((0,), b.dtype, b.device)
-    if NM == 0:
-        return gz, copy.full((O,), 0.0, b.dtype, b.device)
-    ct = numerics.compute_type(out.dtype)
-    if launch.INTERPRET:
-        bo = max(2, min(_p2(O), 64))
-        bm = max(16, min(_p2(NM), (1 << 16) // bo))
-        splits = 1
-    else:
-        bo, bm = 4, 256
-        # enough programs to fill the GPU, each with at least a few thousand pixels
-        splits = max(1, min(launch.cdiv(NM, 4096), launch.cdiv(1024, launch.cdiv(O, bo))))
-    chunk = launch.cdiv(launch.cdiv(NM, splits), bm) * bm
-    splits = launch.cdiv(NM, chunk)
-    db = launch.empty((O,), b.dtype, b.device)
-    part = db if splits == 1 else launch.empty((splits, O), acc_dtype, b.device)
-    launch.launch(_act_grad_kernel, (launch.cdiv(O, bo), splits), grad, out, gz, part, O, NPIX, WO, NM,
-                  chunk, *grad.stride(), *out.stride(), ACTIVATION=activation, STORE_GZ=store, COMPUTE_TYPE=ct,
-                  INTERP=launch.INTERPRET, BLOCK_SIZE_CHANNELS=bo, BLOCK_SIZE_PIXELS=bm)
-    if splits > 1:
-        _sum_splits(part, db)
-    return gz, db
-
-
 def _bias_act_spec(x, w, b, stride, padding, dilation, groups, activation):
     return conv2d_bias_act_spec(x.shape, w.shape, b.shape, x.dtype, w.dtype, b.dtype, stride, padding, dilation,
                                 groups, activation)
@@ -618,7 +510,7 @@ def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0
     y alone), then conv2d's input- and weight-gradient kernels on gz (those in
     ``needs``; db comes with gz whether needed or not)."""
     spec = _bias_act_spec(x, w, b, stride, padding, dilation, groups, activation)
-    gz, db = _act_grad_and_bias_grad(grad, out, b, ACTIVATION_CODES[activation])
+    gz, db = act_grad_and_bias_grad(grad, out, b, ACTIVATION_CODES[activation])
     dx = _conv2d_input_grad(gz, w, spec, x.dtype) if needs[0] else None
     dw = _conv2d_weight_grad(x, gz, spec, w.dtype) if needs[1] else None
     return dx, dw, db if needs[2] else None

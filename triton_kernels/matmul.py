@@ -14,6 +14,11 @@ tensor cores (``numerics.DOT_TF32``);
 float16/bfloat16 feed ``tl.dot`` natively on the GPU and are upcast to
 float32 first in the interpreter (whose bfloat16 dot is broken); float64 has
 no ``tl.dot`` and uses an explicit multiply-and-sum over the K tile.
+
+dense_bias_act is the same kernel on x (rows, K) and the weight's transposed
+view, with the bias and the activation applied in its epilogue (``HAS_BIAS``,
+``ACTIVATION``); its backward is ``bias_act.act_grad_and_bias_grad`` (gz =
+G act'(y) and the bias gradient in one pass), then two products on gz.
 """
 from functools import lru_cache
 
@@ -22,16 +27,17 @@ import triton
 import triton.language as tl
 
 from . import copy, indexing, launch, numerics, tuning
-from .numerics import store_value
+from .bias_act import act_grad_and_bias_grad
+from .numerics import ACT_IDENTITY, ACTIVATION_CODES, store_value
 from .reduce import unbroadcast
 from ..autotuning import get_autotune
 from ..dtypes import to_torch
 from ..errors import DTypeError
-from ..specs.matmul import matmul_spec
+from ..specs.matmul import dense_bias_act_spec, matmul_spec
 
 
 @triton.jit
-def _matmul_kernel(a, b, c, M, N, K, batch_size,
+def _matmul_kernel(a, b, c, bias, M, N, K, batch_size,
                    batch_size1, batch_size2, batch_size3, batch_size4, batch_size5,
                    a_batch_stride0, a_batch_stride1, a_batch_stride2,
                    a_batch_stride3, a_batch_stride4, a_batch_stride5,
@@ -39,8 +45,8 @@ def _matmul_kernel(a, b, c, M, N, K, batch_size,
                    b_batch_stride3, b_batch_stride4, b_batch_stride5,
                    c_batch_stride0, c_batch_stride1, c_batch_stride2,
                    c_batch_stride3, c_batch_stride4, c_batch_stride5,
-                   a_stride_m, a_stride_k, b_stride_k, b_stride_n, c_stride_m, c_stride_n,
-                   BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                   a_stride_m, a_stride_k, b_stride_k, b_stride_n, c_stride_m, c_stride_n, bias_stride,
+                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
                    BLOCK_SIZE_BATCH: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
                    DOT: tl.constexpr, INTERP: tl.constexpr):
     """C[i] = A[i] @ B[i] for the ``batch_size`` batch items i (row-major over
@@ -48,7 +54,10 @@ def _matmul_kernel(a, b, c, M, N, K, batch_size,
     each operand's batch strides are 0 where it broadcasts). One program
     computes one BLOCK_SIZE_M x BLOCK_SIZE_N output tile of BLOCK_SIZE_BATCH
     batch items: one on the GPU (2-d tiles, tl.dot) and more in the
-    interpreter, which pays per program (3-d tiles, batched tl.dot)."""
+    interpreter, which pays per program (3-d tiles, batched tl.dot).
+    The epilogue, on the accumulator before the one store: + bias[j] on column
+    j (HAS_BIAS, bias read through ``bias_stride``), then the ACTIVATION
+    (``numerics.activate``; ACT_IDENTITY for a plain product): dense_bias_act."""
     pid = tl.program_id(0)                 # tile arithmetic in 32 bits, offsets in 64
     num_tiles_m = tl.cdiv(M, BLOCK_SIZE_M)
     num_tiles_n = tl.cdiv(N, BLOCK_SIZE_N)
@@ -115,6 +124,13 @@ def _matmul_kernel(a, b, c, M, N, K, batch_size,
             b_ptrs += BLOCK_SIZE_K * b_stride_k
         c_ptrs = c + c_item[:, None, None] + rows[None, :, None] * c_stride_m + cols[None, None, :] * c_stride_n
         c_mask = items_mask[:, None, None] & (rows < M)[None, :, None] & (cols < N)[None, None, :]
+    if HAS_BIAS:
+        bias_values = tl.load(bias + cols * bias_stride, mask=cols < N, other=0.0).to(acc_type)
+        if BLOCK_SIZE_BATCH == 1:
+            acc += bias_values[None, :]
+        else:
+            acc += bias_values[None, None, :]
+    acc = numerics.activate(acc, ACTIVATION)
     tl.store(c_ptrs, store_value(acc, c.dtype.element_ty, INTERP), mask=c_mask)
 
 
@@ -191,22 +207,26 @@ def _fold_batch(a, b):
     return a2
 
 
-def matrix_product(a, b, out_dtype=None):
+def matrix_product(a, b, out_dtype=None, bias=None, activation=ACT_IDENTITY.value):
     """``a @ b`` for ``a`` of shape ``(..., M, K)``, ``b`` of shape ``(..., K, N)``
     (at least 2-d each, one dtype, any strides): a new dense
-    ``(batch..., M, N)`` tensor, in ``a``'s dtype or ``out_dtype``."""
+    ``(batch..., M, N)`` tensor, in ``a``'s dtype or ``out_dtype``; with a
+    ``bias`` (N,) and an ``activation`` code, act(a @ b + bias) in the same
+    launch."""
     out_dtype = a.dtype if out_dtype is None else out_dtype
     spec = matmul_spec(a.shape, b.shape, a.dtype, b.dtype)
     folded = _fold_batch(a, b)
     if folded is not None:
-        return matrix_product(folded, b, out_dtype).view(spec.out_shape)
+        return matrix_product(folded, b, out_dtype, bias, activation).view(spec.out_shape)
     if spec.batch_size == 0 or spec.m == 0 or spec.n == 0:
         return launch.empty(spec.out_shape, out_dtype, a.device)
-    if spec.k == 0:
+    epilogue = dict(HAS_BIAS=bias is not None, ACTIVATION=activation)
+    if spec.k == 0 and not epilogue["HAS_BIAS"] and activation == ACT_IDENTITY.value:
         return copy.full(spec.out_shape, 0.0, out_dtype, a.device)
     c = launch.empty(spec.out_shape, out_dtype, a.device)
     sms = launch.sm_count(a.device.index)
     grid, args, meta = _product_plan(spec, a.stride(), b.stride(), sms)
+    bias_args = (c, 0) if bias is None else (bias, bias.stride(0))     # (no bias: c, never read)
     kind = numerics.dot_kind(a.dtype)
     if get_autotune() and not launch.INTERPRET:
         M, N, nbatch = spec.m, spec.n, spec.batch_size
@@ -217,9 +237,9 @@ def matrix_product(a, b, out_dtype=None):
         meta.pop("num_stages", None)
         _tuned_matmul().launch(
             lambda tile: (nbatch * launch.cdiv(M, tile["BLOCK_SIZE_M"]) * launch.cdiv(N, tile["BLOCK_SIZE_N"]),),
-            tuning.ranked(tiles, pick), a, b, c, *args, **meta, DOT=kind)
+            tuning.ranked(tiles, pick), a, b, c, bias_args[0], *args, bias_args[1], **meta, **epilogue, DOT=kind)
         return c
-    launch.launch(_matmul_kernel, grid, a, b, c, *args, **meta, DOT=kind)
+    launch.launch(_matmul_kernel, grid, a, b, c, bias_args[0], *args, bias_args[1], **meta, **epilogue, DOT=kind)
     return c
 
 
@@ -322,3 +342,49 @@ def matmul_backward(grad, out, a, b, needs=(True, True)):
     if db is None:
         db = _summed_grad(a2.transpose(-1, -2), g2, b2.shape)
     return da, db.view(b.shape)
+
+
+# --- Dense: the product, the bias and the activation fused --------------------------------
+
+def _rows(t, rows, features):
+    """``t`` (..., features) as a (rows, features) matrix: a view where its
+    strides allow one, else a dense copy."""
+    try:
+        return t.view(rows, features)
+    except RuntimeError:
+        return copy.contiguous(t).view(rows, features)
+
+
+def _dense_spec(x, w, b, activation):
+    spec = dense_bias_act_spec(x.shape, w.shape, b.shape, x.dtype, w.dtype, b.dtype, activation)
+    _check_floating(x)
+    if not x.device == w.device == b.device:
+        raise ValueError(f"dense_bias_act: x is on {x.device}, w on {w.device}, b on {b.device}")
+    return spec
+
+
+def dense_bias_act_forward(x, w, b, activation="identity"):
+    """y = act(x @ w^T + b) (see the reference): one product of x as a
+    (rows, K) matrix and ``w.T`` (a view), the bias and the activation
+    applied in its epilogue, before the one store."""
+    spec = _dense_spec(x, w, b, activation)
+    y = matrix_product(_rows(x, spec.rows, spec.in_features), w.transpose(0, 1), bias=b,
+                       activation=ACTIVATION_CODES[activation])
+    return y.view(spec.out_shape)
+
+
+def dense_bias_act_backward(grad, out, x, w, b, activation="identity", needs=(True, True, True)):
+    """gz = G * act'(y) and db = its column sums in one kernel (from the
+    output y alone), then dx = gz @ w and dw = gz^T @ x (in w's layout, for
+    the optimiser's dense updates) on x as a (rows, K) matrix; db comes with
+    gz whether needed or not."""
+    spec = _dense_spec(x, w, b, activation)
+    rows, K, O = spec.rows, spec.in_features, spec.out_features
+    g4, y4 = (_rows(t, rows, O).view(rows, O, 1, 1) for t in (grad, out))
+    gz, db = act_grad_and_bias_grad(g4, y4, b, ACTIVATION_CODES[activation])
+    gz = gz.view(rows, O)
+    # a 16-bit relu keeps gz in the input's dtype, sigmoid's and tanh's stay in float32
+    operand = gz if gz.dtype == x.dtype else copy.cast(gz, x.dtype)
+    dx = matrix_product(operand, w).view(x.shape) if needs[0] else None
+    dw = matrix_product(operand.transpose(0, 1), _rows(x, rows, K)) if needs[1] else None
+    return dx, dw, db if needs[2] else None

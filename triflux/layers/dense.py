@@ -9,6 +9,7 @@ from ..devices import as_device
 from ..show import fname
 from ..tensor import Tensor, transfer
 from .base import Layer
+from .fusion import fused_activation
 from .initialisers import glorot_uniform, initial_weight, owned_parameter
 from .inputs import check_input
 
@@ -35,7 +36,13 @@ class Dense(Layer):
         layer = Dense(3, 2, relu)
         layer(tf.ones(4, 3)).shape     # (4, 2)
 
-    Math: reference/matmul.py ``matmul_forward`` (``ops.matmul(x, weight.T)``).
+    With a bias and an activation whose derivative follows from its output
+    (identity, relu, sigmoid, tanh), the layer is one fused primitive,
+    ``ops.dense_bias_act``; any other activation runs after ``matmul`` and
+    the bias add.
+
+    Math: reference/matmul.py ``dense_bias_act_forward``, or
+    ``matmul_forward`` (``ops.matmul(x, weight.T)``) and the activation's own.
     """
 
     def __init__(self, in_features, out_features=None, activation=identity, *, bias=True,
@@ -69,6 +76,11 @@ class Dense(Layer):
 
     def __call__(self, x):
         x = check_input(self, x, self.weight, expected=self.in_features)
+        # activations whose derivative follows from the output are fused with the
+        # product and the bias into one primitive; others keep matmul, + bias, activation
+        fused = fused_activation(self.activation, "dense_bias_act") if self.bias is not None else None
+        if fused is not None:
+            return ops.dense_bias_act(x, self.weight, self.bias, activation=fused)
         y = ops.matmul(x, self.weight.T)
         if self.bias is not None:
             y = y + self.bias

@@ -1,6 +1,7 @@
 """Which activation a layer hands to its primitive, to be applied in the
-primitive's own kernel: ``Conv(..., relu)`` is one ``conv2d_bias_act`` and
-``BatchNorm(C, relu)`` one ``batchnorm_train``, with no launch for the relu
+primitive's own kernel: ``Conv(..., relu)`` is one ``conv2d_bias_act``,
+``Dense(..., relu)`` one ``dense_bias_act`` and ``BatchNorm(C, relu)`` one
+``batchnorm_train``, with no launch for the relu
 (forward or backward). A primitive declares the activations it can apply as
 ``fusable_activations`` in its registration (those whose derivative follows
 from the output); any other activation runs after it, as its own primitive."""

@@ -6,12 +6,25 @@ promoted axes are dropped from the result again:
 
     (K,) @ (K,) -> ()          (M, K) @ (K,) -> (M,)         (K,) @ (K, N) -> (N,)
     (2, 1, M, K) @ (4, K, N) -> (2, 4, M, N)
+
+dense_bias_act is a Dense layer's forward as one primitive, y = act(x @ w^T
++ b) on the last axis of x: ``x`` (..., K) with any leading axes (none
+included), ``w`` (O, K) in torch's Linear layout, ``b`` (O,), ``y`` (..., O);
+its spec sees x as one (rows, K) matrix, rows the product of the leading
+axes.
 """
 import functools
 from dataclasses import dataclass
 
+from ..arguments import flux_layout_hint
 from ..dtypes import as_dtype, compute_dtype
 from ..errors import DTypeError, ShapeError
+from ..primitives import REGISTRY
+from . import cached_on_arguments
+
+#: the activations dense_bias_act applies in its epilogue: those whose
+#: derivative is a function of the output y alone (declared with the primitive)
+FUSABLE_ACTIVATIONS = REGISTRY["dense_bias_act"].fusable_activations
 
 
 @dataclass(frozen=True)
@@ -79,3 +92,51 @@ def matmul_spec(a_shape, b_shape, a_dtype, b_dtype):
     out_shape = batch + ((m,) if len(a_shape) > 1 else ()) + ((n,) if len(b_shape) > 1 else ())
     return MatmulSpec(dtype=a_dtype, compute_dtype=compute_dtype(a_dtype), a_matrix=a_matrix,
                       b_matrix=b_matrix, batch=batch, m=m, k=k, n=n, out_shape=out_shape)
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    """The geometry of y = act(x @ w^T + b) (see the module docstring)."""
+    dtype: object            #: the inputs' (common) NumPy dtype
+    compute_dtype: object    #: the dtype products and sums run in
+    rows: int                #: the product of x's leading axes: x is a (rows, K) matrix
+    in_features: int         #: K
+    out_features: int        #: O
+    out_shape: tuple         #: x's leading axes + (O,)
+    activation: str
+
+
+@cached_on_arguments
+def dense_bias_act_spec(x_shape, w_shape, b_shape, x_dtype, w_dtype, b_dtype, activation="identity"):
+    """The :class:`DenseSpec` of act(x @ w^T + b) for inputs of these shapes
+    and dtypes (NumPy or torch dtypes); raises ValueError for an activation
+    that is not one of FUSABLE_ACTIVATIONS, ShapeError or DTypeError when the
+    inputs do not fit."""
+    return _dense_bias_act_spec(tuple(int(s) for s in x_shape), tuple(int(s) for s in w_shape),
+                                tuple(int(s) for s in b_shape), as_dtype(x_dtype), as_dtype(w_dtype),
+                                as_dtype(b_dtype), activation)
+
+
+@functools.lru_cache(maxsize=1024)
+def _dense_bias_act_spec(x_shape, w_shape, b_shape, x_dtype, w_dtype, b_dtype, activation):
+    if activation not in FUSABLE_ACTIVATIONS:
+        raise ValueError(f"dense_bias_act: activation must be one of {FUSABLE_ACTIVATIONS} (those whose "
+                         f"derivative follows from the output), got {activation!r}; apply other "
+                         "activations after matmul(x, w.T) + b")
+    if len(w_shape) != 2:
+        raise ShapeError(f"dense_bias_act: w must be a matrix (out_features, in_features), got shape {w_shape}")
+    out_features, in_features = w_shape
+    if not x_shape or x_shape[-1] != in_features:
+        raise ShapeError(f"dense_bias_act: w {w_shape} takes {in_features} features on x's last axis, but x has "
+                         f"shape {x_shape}.{flux_layout_hint(x_shape, -1, in_features)}")
+    if b_shape != (out_features,):
+        raise ShapeError(f"dense_bias_act: the bias must have shape ({out_features},) (one entry per output "
+                         f"feature, w's axis 0), got {b_shape}")
+    if not x_dtype == w_dtype == b_dtype:
+        raise DTypeError(f"dense_bias_act of x {x_dtype}, w {w_dtype} and b {b_dtype}: convert them to one "
+                         "dtype first (e.g. `f32(x)`)")
+    rows = 1
+    for s in x_shape[:-1]:
+        rows *= s
+    return DenseSpec(dtype=x_dtype, compute_dtype=compute_dtype(x_dtype), rows=rows, in_features=in_features,
+                     out_features=out_features, out_shape=x_shape[:-1] + (out_features,), activation=activation)

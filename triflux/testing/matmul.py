@@ -24,10 +24,20 @@ property suite's 8 draws per dtype (nearly always) see both.
 
 Stacks and matrices hold dense random values (no repeated fill value, which
 would hide a product of the wrong entries).
+
+``dense_bias_act`` draws a Dense layer's problem, x (..., K) with zero to
+three leading axes, w (O, K), b (O,) and one of the fusable activations, in
+the same three sizes (long: over a thousand rows, whose sums dw and db a
+16-bit accumulator loses, with every z = x @ w^T + b >= 1/4); in about half of the other draws some entries of
+x and of the bias are NaN, +inf and -inf (with relu, whose NaN branch a
+GPU's max or a comparison can get wrong, in half of those). Its oracle is
+torch's ``F.linear`` and then torch's relu/sigmoid/tanh.
 """
 import numpy as np
 
-from . import Case, floats, layouts_for
+from ..specs.matmul import FUSABLE_ACTIVATIONS
+from . import Case, finite_max, floats, layouts_for, through_activation_terms
+from .elementwise import nonfinite_draw, with_nonfinite
 
 #: matrix sides: awkward sizes, 0 and 1 included, small for the interpreter
 _NONZERO_SIDES = (1, 2, 3, 5, 7, 13, 17)
@@ -133,3 +143,62 @@ def matmul_torch(a, b):
     """The oracle: ``torch.matmul`` (NumPy semantics too)."""
     import torch
     return torch.matmul(a, b)
+
+
+def dense_bias_act_strategy(dtype):
+    from hypothesis import strategies as st
+
+    @st.composite
+    def case(draw):
+        nb = draw(st.integers(0, 3))
+        size = draw(st.sampled_from(("long", "square", "mixed", "square", "long", "mixed")))
+        if size == "square":
+            side = draw(st.sampled_from((2, 3)))
+            lead, K, O = (side,) * nb, side, side
+        elif size == "long":
+            lead = draw(st.sampled_from(_LONG_BATCHES))
+            K, O = draw(st.sampled_from((1, 2, 3))), draw(st.sampled_from((2, 3)))
+        else:
+            lead = tuple(draw(st.sampled_from((0, 1, 2, 3, 5))) for _ in range(nb))
+            K, O = min(draw(_side(st)), 13), min(draw(_side(st)), 13)
+        if size == "long":
+            # long sums of terms of one sign (x >= 0), and z = x @ w^T + b >= 1/4, away from
+            # relu's kink, where a TF32 forward's rounding error may rightly flip a row's mask
+            x, w, b = (draw(_dense(shape, low, high)) for shape, low, high in
+                       ((lead + (K,), 0.0, 2.0), ((O, K), 0.0, 1.0), ((O,), 0.25, 1.0)))
+        else:
+            x, w, b = (draw(_dense(shape, -r, r)) for shape, r in ((lead + (K,), 2.0), ((O, K), 1.0), ((O,), 1.0)))
+        nonfinite = size != "long" and nonfinite_draw(draw, out_of=2)
+        activations = (("relu",) * 3 + tuple(a for a in FUSABLE_ACTIVATIONS if a != "relu") if nonfinite
+                       else FUSABLE_ACTIVATIONS)
+        activation = draw(st.sampled_from(activations))
+        if nonfinite:
+            x, b = with_nonfinite(draw, x), with_nonfinite(draw, b)
+        return Case(inputs=(x, w, b), attrs=dict(activation=activation), layouts=draw(layouts_for(3)),
+                    note=f"{size}: x {x.shape} w {w.shape} {activation}" + (" NaN/inf" if nonfinite else ""))
+
+    return case()
+
+
+def dense_bias_act_torch(x, w, b, activation="identity"):
+    """The oracle: ``torch.nn.functional.linear`` (x @ w^T + b), then
+    ``torch.relu`` / ``torch.sigmoid`` / ``torch.tanh``."""
+    import torch
+    z = torch.nn.functional.linear(x, w, b)
+    return {"identity": lambda t: t, "relu": torch.relu, "sigmoid": torch.sigmoid,
+            "tanh": torch.tanh}[activation](z)
+
+
+def dense_bias_act_magnitude(direction, *, inputs, attrs, out=None, grad=None, reference=None):
+    """Forward: a sum of products through a monotone activation, bounded by
+    the same computation on |x|, |w|, |b|. Backward: gz = G act'(y) read
+    from the rounded output carries terms of size |G| (|act'(y)| + |d
+    act'/dy| |y|) (``through_activation_terms``); dx, dw and db sum those
+    against |w|, |x| and 1."""
+    x, w, b = (np.abs(np.asarray(a, dtype=np.float64)) for a in inputs)
+    if direction == "forward":
+        return finite_max(reference(x, w, b, **attrs))
+    gz = through_activation_terms(grad, out, attrs["activation"], "dense_bias_act_magnitude")
+    rows = int(np.prod(x.shape[:-1]))
+    gz, x = gz.reshape(rows, w.shape[0]), x.reshape(rows, w.shape[1])
+    return finite_max(gz @ w), finite_max(gz.T @ x), finite_max(gz.sum(axis=0))
