@@ -534,22 +534,23 @@ def test_dense_layer_is_one_fused_primitive_and_computes_as_before(dev):
 
 def test_dense_bias_gradient_in_splits(monkeypatch):
     """On a GPU, the bias gradient of many rows is summed in several programs
-    of 64 columns x 16 rows and a second launch (no atomics): forced here in
-    the interpreter, on a (rows, O) matrix as dense_bias_act passes it."""
+    of 32 columns x 32 rows (64 rows a split) and a second launch (no
+    atomics): forced here in the interpreter, on a (rows, O) matrix as
+    dense_bias_act passes it."""
     from triflux.triton_kernels import bias_act
-    g, y = _rand((9000, 70), 21), 1 / (1 + np.exp(-_rand((9000, 70), 22)))
+    g, y = _rand((2000, 70), 21), 1 / (1 + np.exp(-_rand((2000, 70), 22)))
     gt, yt, bt = _t(g, torch.float64), _t(y, torch.float64), _t(_rand((70,), 23), torch.float64)
     launched, real_launch = [], launch.launch
     monkeypatch.setattr(launch, "launch", lambda k, grid, *a, **m: (launched.append((k, grid, m)),
                                                                     real_launch(k, grid, *a, **m))[1])
     monkeypatch.setattr(launch, "INTERPRET", False)
-    gz, db = bias_act.act_grad_and_bias_grad(gt.view(9000, 70, 1, 1), yt.view(9000, 70, 1, 1), bt,
+    gz, db = bias_act.act_grad_and_bias_grad(gt.view(2000, 70, 1, 1), yt.view(2000, 70, 1, 1), bt,
                                              km.ACTIVATION_CODES["sigmoid"])
     monkeypatch.setattr(launch, "INTERPRET", True)
     monkeypatch.setattr(launch, "launch", real_launch)
     assert [k for k, _, _ in launched] == [bias_act._act_grad_kernel, bias_act._sum_splits_kernel], launched
     (_, grid, meta), _ = launched
-    assert grid == (2, 3) and (meta["BLOCK_SIZE_CHANNELS"], meta["BLOCK_SIZE_PIXELS"]) == (64, 16), launched
+    assert grid == (3, 32) and (meta["BLOCK_SIZE_CHANNELS"], meta["BLOCK_SIZE_PIXELS"]) == (32, 32), launched
     gz64 = g * y * (1 - y)
-    np.testing.assert_allclose(_np(gz).reshape(9000, 70), gz64, rtol=1e-12)
+    np.testing.assert_allclose(_np(gz).reshape(2000, 70), gz64, rtol=1e-12)
     np.testing.assert_allclose(_np(db), gz64.sum(axis=0), rtol=1e-10)

@@ -118,11 +118,12 @@ def act_grad_and_bias_grad(grad, out, b, activation):
         bm = max(16, min(launch.next_pow2(NM), (1 << 16) // bo))
         splits = 1
     else:
-        # 1024 values a program: 4 channels x 256 pixels where the pixels are contiguous (NCHW),
-        # 64 columns x 16 rows where the columns are (a (rows, O) matrix: 256-byte row segments)
-        bo, bm = (64, 16) if NPIX == 1 else (4, 256)
-        # enough programs to fill the GPU, each with at least a few thousand pixels
-        splits = max(1, min(launch.cdiv(NM, 4096), launch.cdiv(1024, launch.cdiv(O, bo))))
+        # channels x pixels a program reads at a time, and the fewest pixels a split sums: 4 x 256,
+        # 4096, where the pixels are contiguous (NCHW); 32 x 32, 64, where the channels are (a
+        # (rows, O) matrix: 128-byte row segments)
+        bo, bm, least = (32, 32, 64) if NPIX == 1 else (4, 256, 4096)
+        # enough programs to fill the GPU
+        splits = max(1, min(launch.cdiv(NM, least), launch.cdiv(1024, launch.cdiv(O, bo))))
     chunk = launch.cdiv(launch.cdiv(NM, splits), bm) * bm
     splits = launch.cdiv(NM, chunk)
     db = launch.empty((O,), b.dtype, b.device)
