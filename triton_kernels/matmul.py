@@ -46,7 +46,8 @@ def _matmul_kernel(a, b, c, bias, M, N, K, batch_size,
                    c_batch_stride0, c_batch_stride1, c_batch_stride2,
                    c_batch_stride3, c_batch_stride4, c_batch_stride5,
                    a_stride_m, a_stride_k, b_stride_k, b_stride_n, c_stride_m, c_stride_n, bias_stride,
-                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                   BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
                    BLOCK_SIZE_BATCH: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
                    DOT: tl.constexpr, INTERP: tl.constexpr):
     """C[i] = A[i] @ B[i] for the ``batch_size`` batch items i (row-major over
