@@ -105,3 +105,16 @@ def assert_bit_identical(a, b, path="state"):
         assert a.tobytes() == b.tobytes(), f"{path} differs (by up to {np.nanmax(np.abs(a - b))})"
     else:
         assert a == b, path
+
+
+def recorded_primitives(layer, x):
+    """Names of the primitives the tape records for ``layer(x)`` (a fused
+    layer records one)."""
+    from triflux import tape as tapes
+    tape = tapes.Tape([x, layer.weight] + ([layer.bias] if layer.bias is not None else []))
+    outer, tapes.TAPE = tapes.TAPE, tape
+    try:
+        layer(x)
+    finally:
+        tapes.TAPE = outer
+    return [prim.name for prim, *_ in tape.nodes]

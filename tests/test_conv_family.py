@@ -518,34 +518,22 @@ def test_ops_check_the_spec_before_dispatch(monkeypatch):
 
 # --- the Conv layer uses the fused primitive ---------------------------------------------------
 
-def _recorded(layer, x):
-    """Names of the primitives the tape records for ``layer(x)``."""
-    from triflux import tape as tapes
-    tape = tapes.Tape([x, layer.weight] + ([layer.bias] if layer.bias is not None else []))
-    outer, tapes.TAPE = tapes.TAPE, tape
-    try:
-        layer(x)
-    finally:
-        tapes.TAPE = outer
-    return [prim.name for prim, *_ in tape.nodes]
-
-
 @pytest.mark.parametrize("dev", ["cpu", "cuda"])
 def test_conv_layer_records_one_fused_primitive(dev):
     import triflux as tf
     if dev == "cuda" and not backend.functional("CUDA"):
         pytest.skip("no functional CUDA backend (set TRITON_INTERPRET=1)")
-    from helpers import device
+    from helpers import device, recorded_primitives
     d = device(dev)
     x = d(tf.tensor(np.random.default_rng(0).standard_normal((2, 3, 6, 6)).astype(np.float32)))
     for act, name in ((tf.relu, "relu"), (tf.sigmoid, "sigmoid"), (tf.σ, "sigmoid"), (tf.tanh, "tanh"),
                       (tf.identity, "identity")):
         layer = d(tf.Conv((3, 3), 3, 4, act, pad=1))
-        assert _recorded(layer, x) == ["conv2d_bias_act"], f"Conv with {name}: not fused"
+        assert recorded_primitives(layer, x) == ["conv2d_bias_act"], f"Conv with {name}: not fused"
     # activations whose derivative needs the input, and no bias: the unfused path
-    names = _recorded(d(tf.Conv((3, 3), 3, 4, tf.leakyrelu, pad=1)), x)
+    names = recorded_primitives(d(tf.Conv((3, 3), 3, 4, tf.leakyrelu, pad=1)), x)
     assert names[0] == "conv2d" and names[-1] == "leakyrelu" and "add" in names, names
-    assert _recorded(d(tf.Conv((3, 3), 3, 4, tf.relu, pad=1, bias=False)), x) == ["conv2d", "relu"]
+    assert recorded_primitives(d(tf.Conv((3, 3), 3, 4, tf.relu, pad=1, bias=False)), x) == ["conv2d", "relu"]
 
 
 def test_ops_conv2d_bias_act_checks_and_matches_the_unfused_ops():

@@ -490,18 +490,6 @@ def test_dense_bias_act_errors():
         ops.dense_bias_act(tf.tensor(x), tf.tensor(np.zeros(3, np.float32)), tf.tensor(b))
 
 
-def _recorded(layer, x):
-    """Names of the primitives the tape records for ``layer(x)``."""
-    from triflux import tape as tapes
-    tape = tapes.Tape([x, layer.weight] + ([layer.bias] if layer.bias is not None else []))
-    outer, tapes.TAPE = tapes.TAPE, tape
-    try:
-        layer(x)
-    finally:
-        tapes.TAPE = outer
-    return [prim.name for prim, *_ in tape.nodes]
-
-
 @pytest.mark.parametrize("dev", ["cpu", "cuda"])
 def test_dense_layer_is_one_fused_primitive_and_computes_as_before(dev):
     """Dense with a bias and a fusable activation records one dense_bias_act;
@@ -510,13 +498,13 @@ def test_dense_layer_is_one_fused_primitive_and_computes_as_before(dev):
     of the unfused ops."""
     import triflux as tf
     from triflux import ops
-    from helpers import device
+    from helpers import device, recorded_primitives
     d = device(dev)
     rng = np.random.default_rng(0)
     x, c = (d(tf.tensor(rng.standard_normal(s))) for s in ((2, 3, 5), (2, 3, 4)))
     for act, name in ((tf.relu, "relu"), (tf.σ, "sigmoid"), (tf.tanh, "tanh"), (tf.identity, "identity")):
         layer = d(tf.Dense(5, 4, act, dtype=np.float64))
-        assert _recorded(layer, x) == ["dense_bias_act"], f"Dense with {name}: not fused"
+        assert recorded_primitives(layer, x) == ["dense_bias_act"], f"Dense with {name}: not fused"
 
         def unfused(m):
             return ops.sum(act(ops.matmul(x, m.weight.T) + m.bias) * c)
@@ -526,9 +514,9 @@ def test_dense_layer_is_one_fused_primitive_and_computes_as_before(dev):
         for key in ("weight", "bias"):
             np.testing.assert_allclose(tf.cpu(g[key]).numpy(), tf.cpu(g_unfused[key]).numpy(), rtol=1e-12,
                                        atol=1e-15, err_msg=f"{name} {key}")
-    names = _recorded(d(tf.Dense(5, 4, tf.leakyrelu, dtype=np.float64)), x)
+    names = recorded_primitives(d(tf.Dense(5, 4, tf.leakyrelu, dtype=np.float64)), x)
     assert "dense_bias_act" not in names and names[-1] == "leakyrelu" and "matmul" in names, names
-    names = _recorded(d(tf.Dense(5, 4, tf.relu, bias=False, dtype=np.float64)), x)
+    names = recorded_primitives(d(tf.Dense(5, 4, tf.relu, bias=False, dtype=np.float64)), x)
     assert "dense_bias_act" not in names and names[-1] == "relu", names
 
 
