@@ -4,6 +4,8 @@ derivatives written in the output y = act(z), which is all a fused
 primitive's backward keeps."""
 import numpy as np
 
+from ._util import zeroed_where
+
 
 def activate(z, activation, out=None):
     """act(z): identity z; relu max(z, 0); sigmoid 1 / (1 + exp(-z)); tanh
@@ -27,12 +29,7 @@ def through_activation(grad, out, activation):
     at NaN, as torch's threshold_backward; a select, not a product, so an
     infinite dL/dy still gives 0 where y <= 0); sigmoid y (1 - y); tanh 1 - y^2."""
     if activation == "relu":
-        # the select as a bit mask (all ones where y > 0 or NaN, else zeros) ANDed with
-        # dL/dy's bits: np.where branches per element, several times slower on relu's mixed signs
-        bits = np.dtype(f"u{grad.dtype.itemsize}")
-        keep = (out <= 0).astype(bits)
-        keep -= 1
-        return (grad.view(bits) & keep).view(grad.dtype)
+        return zeroed_where(grad, out <= 0)
     if activation == "sigmoid":
         return grad * (out * (1 - out))
     if activation == "tanh":

@@ -8,6 +8,11 @@ rounded to the 16-bit dtype once, at the end. A sum accumulated in the 16-bit
 type instead stalls once the partial sum is large next to each term: a
 thousand bfloat16 terms of 0.037 add up to 16 there (37.1 in float32).
 
+``zeroed_where`` selects without branching: NumPy's ``np.where`` and
+``np.copyto(where=)`` take a branch per element, several times slower on masks
+without a pattern (which of a max-pool window's taps is its maximum, the signs
+under a relu).
+
 A forward may also keep intermediate results for the backward of the output
 it returns (``keep_for_backward``): the backward handed that very array reads
 them, and recomputes them for any other (the primitives' contract stays
@@ -82,3 +87,16 @@ def kept_for_backward(out):
     """The arrays the forward kept with this very ``out`` (a tuple), or None."""
     ref, arrays = _KEPT.get(id(out), (None, None))
     return arrays if ref is not None and ref() is out else None
+
+
+def zeroed_where(values, drop, out=None):
+    """``values`` with +0 where the boolean ``drop`` is true (broadcasting), into
+    ``out`` when given: ``np.where(drop, 0, values)`` exactly (an infinite or
+    NaN value where ``drop`` is true gives 0 too), computed as the values' bits
+    ANDed with a mask of all zero bits (drop) or all one bits (keep), with no
+    branch per element."""
+    ints = np.dtype(f"i{values.dtype.itemsize}")
+    keep = drop.astype(ints)
+    keep -= 1                           # drop: 1 - 1 = 0; keep: 0 - 1 = -1, all one bits
+    result = np.bitwise_and(values.view(ints), keep, out=None if out is None else out.view(ints))
+    return result.view(values.dtype)

@@ -28,6 +28,7 @@ import numpy as np
 from ..specs.pool import adaptive_pool2d_spec, pool2d_spec
 from ._threads import in_parallel, slices_per_thread
 from ._separable import AxisMap
+from ._util import zeroed_where
 
 
 @lru_cache(maxsize=1024)
@@ -52,9 +53,23 @@ def _tile(axis):
 
 # --- shared forward/backward bodies --------------------------------------------------------------
 
-def _max_forward(x, rows, cols):
-    """y[n, c, i, j] = max over the window (rows i) x (cols j) of x: the column maxima, then the row maxima."""
-    return rows.max(cols.max(x, 3), 2)
+def _max_forward(x, spec):
+    """y[n, c, i, j] = max over the window (rows i) x (cols j) of x: the
+    running maximum of the kh*kw taps (strided views of x) where the windows
+    tile the input, else the column maxima, then the row maxima."""
+    kh, kw = _tile(spec.rows), _tile(spec.cols)
+    if not (kh and kw):
+        rows, cols = _maps(spec)
+        return rows.max(cols.max(x, 3), 2)
+    N, C = x.shape[:2]
+    Ho, Wo = spec.rows.out, spec.cols.out
+    taps = x[:, :, :Ho * kh, :Wo * kw].reshape(N, C, Ho, kh, Wo, kw)
+    y = taps[:, :, :, 0, :, 0].copy()
+    for a in range(kh):
+        for b in range(kw):
+            if a or b:
+                np.maximum(y, taps[:, :, :, a, :, b], out=y)         # (NaN propagates)
+    return y
 
 
 def _max_backward(grad, out, x, spec):
@@ -70,26 +85,28 @@ def _max_backward_tiled(grad, y, x, kh, kw):
     """The backward when the windows tile the input and no maximum is NaN:
     window (i, j)'s tap (a, b) is x[n, c, i*kh + a, j*kw + b], and the first
     tap in row-major order that equals the window's maximum y[n, c, i, j]
-    takes g[n, c, i, j] (one comparison per tap, no index arithmetic; the
-    samples split over the threads)."""
+    takes g[n, c, i, j] (one comparison per tap, no index arithmetic, the
+    gradient or 0 written by ``zeroed_where``; the samples split over the
+    threads)."""
     N, C, Ho, Wo = y.shape
     H, W = Ho * kh, Wo * kw
     dx = np.empty(x.shape, dtype=x.dtype)
     g = np.asarray(grad).astype(x.dtype, copy=False)
 
     def samples(s):
-        dx[s] = 0
         taps = x[s, :, :H, :W].reshape(s.stop - s.start, C, Ho, kh, Wo, kw)
         tiled = (H, W) == x.shape[2:]                      # then dx[s] is a view of the taps' shape
-        dtaps = dx[s].reshape(taps.shape) if tiled else np.zeros(taps.shape, dtype=x.dtype)
+        dtaps = dx[s].reshape(taps.shape) if tiled else np.empty(taps.shape, dtype=x.dtype)
         open_ = np.ones(y[s].shape, dtype=bool)            # windows whose maximum is not found yet
         for a in range(kh):
             for b in range(kw):
                 hit = np.equal(taps[:, :, :, a, :, b], y[s])
                 hit &= open_
-                np.copyto(dtaps[:, :, :, a, :, b], g[s], where=hit)
-                open_ &= ~hit
-        if not tiled:                                      # rows/columns past the last window keep 0
+                missed = ~hit
+                open_ &= missed
+                zeroed_where(g[s], missed, out=dtaps[:, :, :, a, :, b])
+        if not tiled:                                      # rows/columns past the last window get 0
+            dx[s] = 0
             dx[s, :, :H, :W] = dtaps.reshape(s.stop - s.start, C, H, W)
     in_parallel(samples, slices_per_thread(N, x.size))
     return dx
@@ -133,7 +150,7 @@ def maxpool2d_forward(x, window, stride, padding, dilation=(1, 1), ceil_mode=Fal
 
     over the positions inside the input (padding never wins); NaN propagates."""
     spec = pool2d_spec("maxpool2d", np.shape(x), x.dtype, window, stride, padding, dilation, ceil_mode)
-    return _max_forward(x, *_maps(spec))
+    return _max_forward(x, spec)
 
 
 def maxpool2d_backward(grad, out, x, window, stride, padding, dilation=(1, 1), ceil_mode=False):
@@ -171,7 +188,7 @@ def adaptive_maxpool2d_forward(x, size):
 
     hs(i) = floor(i*H/Ho), he(i) = ceil((i+1)*H/Ho) (likewise along W); NaN propagates."""
     spec = adaptive_pool2d_spec("adaptive_maxpool2d", np.shape(x), x.dtype, size)
-    return _max_forward(x, *_maps(spec))
+    return _max_forward(x, spec)
 
 
 def adaptive_maxpool2d_backward(grad, out, x, size):

@@ -161,6 +161,29 @@ def test_reference_max_ties_first_in_scan_order():
     np.testing.assert_array_equal(dx, tdx)
 
 
+@pytest.mark.parametrize("window,shape", [((2, 2), (2, 3, 8, 6)), ((2, 2), (1, 2, 7, 5)), ((3, 2), (2, 1, 9, 7)),
+                                          ((1, 3), (1, 2, 4, 9))])
+@pytest.mark.parametrize("values", ["ties", "nonfinite"])
+def test_reference_tiled_windows_take_their_own_path_and_agree(monkeypatch, window, shape, values):
+    """Windows that tile the input (stride = window, no padding, and inputs
+    whose last rows/columns no window reaches) take the strided-taps path,
+    forward and backward: the same results, bits included, as the general
+    separable path, and torch's, with ties, NaN and infinities."""
+    rng = np.random.default_rng(7)
+    pool_values = (-1.0, 0.0, 1.0, 2.0) if values == "ties" else (np.nan, np.inf, -np.inf, 0.5, -2.0, 3.0)
+    x = rng.choice(pool_values, shape).astype(np.float32)
+    attrs = _max(window, window)[1]
+    y = ref.maxpool2d_forward(x, **attrs)
+    g = rnd(y.shape, 3).astype(np.float32)
+    dx, = ref.maxpool2d_backward(g, y, x, **attrs)
+    ty, tdx = torch_both(MAX, x.astype(np.float64), g.astype(np.float64), **attrs)
+    np.testing.assert_array_equal(y, ty.astype(np.float32))
+    np.testing.assert_array_equal(dx, tdx.astype(np.float32))     # (with NaN maxima: the general path)
+    monkeypatch.setattr(ref, "_tile", lambda axis: 0)                 # every window the general way
+    np.testing.assert_array_equal(ref.maxpool2d_forward(x, **attrs), y)
+    np.testing.assert_array_equal(ref.maxpool2d_backward(g, y, x, **attrs)[0], dx)
+
+
 @pytest.mark.parametrize("name,attrs", [_max((4, 1), (4, 1)), _max((2, 2), (1, 1), (1, 1, 1, 1), (2, 1)),
                                         (AMAX, dict(size=(1, 1))), (AMAX, dict(size=(2, 3)))])
 def test_reference_last_nan_takes_the_gradient(name, attrs):
