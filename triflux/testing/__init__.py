@@ -145,6 +145,14 @@ _ACTIVATION_SENSITIVITY = {
 }
 
 
+def torch_activated(z, activation):
+    """act(z) for a fused activation, computed by torch (the oracles' last step):
+    ``torch.relu`` / ``torch.sigmoid`` / ``torch.tanh``, or z itself."""
+    import torch
+    return {"identity": lambda t: t, "relu": torch.relu, "sigmoid": torch.sigmoid,
+            "tanh": torch.tanh}[activation](z)
+
+
 def through_activation_terms(grad, out, activation, who):
     """|dL/dz|'s term sizes |G| (|act'(y)| + |d act'/dy| |y|) for a fused
     activation's backward (see ``_ACTIVATION_SENSITIVITY``), in float64."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..reference.conv import conv2d_backward
 from ..specs.conv import FUSABLE_ACTIVATIONS
-from . import Case, finite_max, floats, layouts_for, through_activation_terms
+from . import Case, finite_max, floats, layouts_for, through_activation_terms, torch_activated
 from .elementwise import nonfinite_draw, with_nonfinite
 
 
@@ -136,11 +136,8 @@ def conv2d_bias_act_torch(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation
                           activation="identity"):
     """The oracle: torch's conv2d (as ``conv2d_torch``), ``+ b`` per channel,
     then ``torch.relu`` / ``torch.sigmoid`` / ``torch.tanh``."""
-    import torch
     z = conv2d_torch(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    z = z + b.reshape(1, -1, 1, 1)
-    return {"identity": lambda t: t, "relu": torch.relu, "sigmoid": torch.sigmoid,
-            "tanh": torch.tanh}[activation](z)
+    return torch_activated(z + b.reshape(1, -1, 1, 1), activation)
 
 
 def conv2d_bias_act_magnitude(direction, *, inputs, attrs, out=None, grad=None, reference=None):

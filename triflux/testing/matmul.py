@@ -36,7 +36,7 @@ torch's ``F.linear`` and then torch's relu/sigmoid/tanh.
 import numpy as np
 
 from ..specs.matmul import FUSABLE_ACTIVATIONS
-from . import Case, finite_max, floats, layouts_for, through_activation_terms
+from . import Case, finite_max, floats, layouts_for, through_activation_terms, torch_activated
 from .elementwise import nonfinite_draw, with_nonfinite
 
 #: matrix sides: awkward sizes, 0 and 1 included, small for the interpreter
@@ -184,9 +184,7 @@ def dense_bias_act_torch(x, w, b, activation="identity"):
     """The oracle: ``torch.nn.functional.linear`` (x @ w^T + b), then
     ``torch.relu`` / ``torch.sigmoid`` / ``torch.tanh``."""
     import torch
-    z = torch.nn.functional.linear(x, w, b)
-    return {"identity": lambda t: t, "relu": torch.relu, "sigmoid": torch.sigmoid,
-            "tanh": torch.tanh}[activation](z)
+    return torch_activated(torch.nn.functional.linear(x, w, b), activation)
 
 
 def dense_bias_act_magnitude(direction, *, inputs, attrs, out=None, grad=None, reference=None):

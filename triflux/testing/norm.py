@@ -29,7 +29,7 @@ and momenta from 0 to 1. Its oracle returns the new running statistics.
 import numpy as np
 
 from ..specs.norm import FUSABLE_ACTIVATIONS
-from . import Case, finite_max, floats, layouts_for, through_activation_terms
+from . import Case, finite_max, floats, layouts_for, through_activation_terms, torch_activated
 from .elementwise import nonfinite_draw, with_nonfinite
 
 EPS_CHOICES = (1e-5, 1e-3, 0.1)
@@ -115,12 +115,6 @@ def _empty(x, gamma, beta):
     return x * 1 + (gamma.sum() + beta.sum()) * 0
 
 
-def _activate(y, activation):
-    import torch
-    return {"identity": lambda t: t, "relu": torch.relu, "sigmoid": torch.sigmoid,
-            "tanh": torch.tanh}[activation](y)
-
-
 def batchnorm_train_torch(x, gamma, beta, eps=1e-5, activation="identity"):
     """torch's training-mode batch norm (batch statistics, no running stats),
     then torch's activation. ``torch.batch_norm`` is ``F.batch_norm`` without
@@ -128,7 +122,7 @@ def batchnorm_train_torch(x, gamma, beta, eps=1e-5, activation="identity"):
     import torch
     if x.numel() == 0:  # torch cannot index a channel that is not there (C = 0)
         return _empty(x, gamma, beta)
-    return _activate(torch.batch_norm(x, gamma, beta, None, None, True, 0.1, eps, False), activation)
+    return torch_activated(torch.batch_norm(x, gamma, beta, None, None, True, 0.1, eps, False), activation)
 
 
 def batchnorm_test_torch(x, gamma, beta, mean, var, eps=1e-5, activation="identity"):
@@ -136,8 +130,8 @@ def batchnorm_test_torch(x, gamma, beta, mean, var, eps=1e-5, activation="identi
     import torch
     if x.numel() == 0:
         return _empty(x, gamma, beta)
-    return _activate(torch.nn.functional.batch_norm(x, mean, var, gamma, beta, training=False, eps=eps),
-                     activation)
+    return torch_activated(torch.nn.functional.batch_norm(x, mean, var, gamma, beta, training=False, eps=eps),
+                           activation)
 
 
 def _xhat_and_istd(x, eps, mean=None, var=None):
