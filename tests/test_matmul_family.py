@@ -485,6 +485,8 @@ def test_dense_bias_act_errors():
             forward(to(x.T), to(w), to(b))
     with pytest.raises(DTypeError, match="one dtype"):
         ref.dense_bias_act_forward(x, w.astype(np.float64), b)
+    with pytest.raises(ValueError, match="put all three on one device"):
+        km.dense_bias_act_forward(_t(x), _t(w).to("meta"), _t(b))
     assert ops.dense_bias_act(tf.tensor(x), tf.tensor(w), tf.tensor(np.zeros(2))).dtype == np.float64
     with pytest.raises(ShapeError, match="matrix"):
         ops.dense_bias_act(tf.tensor(x), tf.tensor(np.zeros(3, np.float32)), tf.tensor(b))

@@ -221,13 +221,13 @@ def matrix_product(a, b, out_dtype=None, bias=None, activation=ACT_IDENTITY.valu
         return matrix_product(folded, b, out_dtype, bias, activation).view(spec.out_shape)
     if spec.batch_size == 0 or spec.m == 0 or spec.n == 0:
         return launch.empty(spec.out_shape, out_dtype, a.device)
-    epilogue = dict(HAS_BIAS=bias is not None, ACTIVATION=activation)
-    if spec.k == 0 and not epilogue["HAS_BIAS"] and activation == ACT_IDENTITY.value:
+    if spec.k == 0 and bias is None and activation == ACT_IDENTITY.value:
         return copy.full(spec.out_shape, 0.0, out_dtype, a.device)
     c = launch.empty(spec.out_shape, out_dtype, a.device)
     sms = launch.sm_count(a.device.index)
     grid, args, meta = _product_plan(spec, a.stride(), b.stride(), sms)
-    bias_args = (c, 0) if bias is None else (bias, bias.stride(0))     # (no bias: c, never read)
+    bias_pointer, bias_stride = (c, 0) if bias is None else (bias, bias.stride(0))    # (no bias: c, never read)
+    epilogue = dict(HAS_BIAS=bias is not None, ACTIVATION=activation)
     kind = numerics.dot_kind(a.dtype)
     if get_autotune() and not launch.INTERPRET:
         M, N, nbatch = spec.m, spec.n, spec.batch_size
@@ -238,9 +238,9 @@ def matrix_product(a, b, out_dtype=None, bias=None, activation=ACT_IDENTITY.valu
         meta.pop("num_stages", None)
         _tuned_matmul().launch(
             lambda tile: (nbatch * launch.cdiv(M, tile["BLOCK_SIZE_M"]) * launch.cdiv(N, tile["BLOCK_SIZE_N"]),),
-            tuning.ranked(tiles, pick), a, b, c, bias_args[0], *args, bias_args[1], **meta, **epilogue, DOT=kind)
+            tuning.ranked(tiles, pick), a, b, c, bias_pointer, *args, bias_stride, **meta, **epilogue, DOT=kind)
         return c
-    launch.launch(_matmul_kernel, grid, a, b, c, bias_args[0], *args, bias_args[1], **meta, **epilogue, DOT=kind)
+    launch.launch(_matmul_kernel, grid, a, b, c, bias_pointer, *args, bias_stride, **meta, **epilogue, DOT=kind)
     return c
 
 
@@ -360,7 +360,8 @@ def _dense_spec(x, w, b, activation):
     spec = dense_bias_act_spec(x.shape, w.shape, b.shape, x.dtype, w.dtype, b.dtype, activation)
     _check_floating(x)
     if not x.device == w.device == b.device:
-        raise ValueError(f"dense_bias_act: x is on {x.device}, w on {w.device}, b on {b.device}")
+        raise ValueError(f"dense_bias_act: x is on {x.device}, w on {w.device}, b on {b.device}; put all three "
+                         "on one device first")
     return spec
 
 
