@@ -23,6 +23,7 @@ import numpy as np
 
 from triflux.dtypes import compute_dtype
 
+from ._activation import relu
 from ._util import unbroadcast
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -152,7 +153,7 @@ def sigmoid_backward(grad, out, x):
 @quiet
 def relu_forward(x):
     """y = max(x, 0)"""
-    return _done(np.maximum(x, 0), x.dtype)
+    return _done(relu(x), x.dtype)
 
 
 @quiet

@@ -29,6 +29,7 @@ once at the end; float32 and float64 stay as they are.
 import numpy as np
 
 from ..specs.rnn import recurrent_spec
+from ._activation import relu
 from ._util import in_compute_dtype, keep_for_backward, kept_for_backward
 
 
@@ -57,7 +58,7 @@ def rnn_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
     xa = _project(x, w_ih, b_ih + b_hh)          # the input side of every step at once
     for t in range(spec.length):
         a = xa[:, t] + h @ w_hh.T
-        h = np.tanh(a) if activation == "tanh" else np.maximum(a, 0)
+        h = np.tanh(a) if activation == "tanh" else relu(a)
         y[:, t] = h
     return y.astype(spec.dtype)
 
