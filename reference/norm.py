@@ -18,6 +18,8 @@ the registry's fusable activations (identity, relu, sigmoid, tanh), applied to
 the normalised output: a layer ``BatchNorm(C, relu)`` is one primitive, whose
 backward first takes dL/dz = dL/dy * act'(z) from the output y.
 """
+import math
+
 import numpy as np
 
 from ..specs.norm import batchnorm_spec
@@ -32,32 +34,55 @@ def _spec(x, per_channel, eps, activation="identity"):
                           activation)
 
 
+def _rows(x):
+    """x (N, C, ...) as (N, C, S), S = prod(spatial) (1 for (N, C)): each (n, c)
+    row contiguous for a C-ordered x (a view), so sums along it are NumPy's
+    pairwise sums and products along it one BLAS dot."""
+    return x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+
+
+def _channel_sum(rows):
+    """sum over n and s of rows (N, C, S): (C,), each row summed first."""
+    return np.add.reduce(np.add.reduce(rows, axis=2), axis=0)
+
+
+def _channel_dot(a_rows, b_rows):
+    """sum over n and s of a * b for rows (N, C, S): (C,), in one pass without
+    the product as an array (np.vecdot along each row)."""
+    return np.add.reduce(np.vecdot(a_rows, b_rows), axis=0)
+
+
 class _BatchStats:
     """Per-channel statistics of x over N and the spatial positions (keepdims),
     from one sum of squares ss = sum (x - mean)^2:
 
-    ``mean``; ``centred`` = x - mean; ``var`` = ss / M (biased, normalising);
-    ``running_mean`` and ``unbiased`` = ss / (M - 1) (M - 1 taken as 1 when
-    M = 1), what a running average takes (a channel whose plain mean is +-inf
-    keeps it as its mean: torch's). With no values per channel (N = 0), zeros.
+    ``mean``; ``centred`` = x - mean as rows (N, C, S) (:func:`_rows`); ``var``
+    = ss / M (biased, normalising); ``running_mean`` and ``unbiased`` = ss /
+    (M - 1) (M - 1 taken as 1 when M = 1), what a running average takes (a
+    channel whose plain mean is +-inf keeps it as its mean: torch's). With no
+    values per channel (N = 0), zeros.
     """
 
     def __init__(self, x, spec):
-        axes, m = spec.reduced_axes, spec.values_per_channel
+        m = spec.values_per_channel
+        keepdims = (1, x.shape[1]) + (1,) * (x.ndim - 2)
         if m == 0:
-            z = np.zeros((1, x.shape[1]) + (1,) * (x.ndim - 2), x.dtype)
+            z = np.zeros(keepdims, x.dtype)
             self.mean = self.var = self.running_mean = self.unbiased = z
-            self.centred = x - z
+            self.centred = np.zeros((x.shape[0], x.shape[1], 0), x.dtype)
             return
-        plain = np.mean(x, axis=axes, keepdims=True)
+        rows = _rows(x)
+        plain = _channel_sum(rows) / m
+        self.centred = rows - plain[:, None]
         # one refinement: the rounding of the first mean (u |mean|) would otherwise
         # dominate x - mean when the spread is small next to the mean (x ~ 50 +- 1)
-        self.mean = plain + np.mean(x - plain, axis=axes, keepdims=True)
-        self.centred = x - self.mean
-        ss = np.sum(np.square(self.centred), axis=axes, keepdims=True)
-        self.var = ss / m
-        self.unbiased = ss.reshape(-1) / max(m - 1, 1)
-        self.running_mean = np.where(np.isinf(plain), plain, self.mean).reshape(-1)
+        shift = _channel_sum(self.centred) / m
+        self.centred -= shift[:, None]
+        ss = _channel_dot(self.centred, self.centred)
+        self.mean = (plain + shift).reshape(keepdims)
+        self.var = (ss / m).reshape(keepdims)
+        self.unbiased = ss / max(m - 1, 1)
+        self.running_mean = np.where(np.isinf(plain), plain, self.mean.reshape(-1))
 
     @classmethod
     def joined(cls, parts):
@@ -129,11 +154,12 @@ def batchnorm_train_forward(x, gamma, beta, running_mean=None, running_var=None,
 
     def channels(cs):
         stats = _BatchStats(xc[:, cs], spec)
-        shape = (1, -1) + (1,) * (x.ndim - 2)
-        z = np.divide(stats.centred, np.sqrt(stats.var + xc.dtype.type(eps)), out=stats.centred)   # xhat, over x - mean
-        z *= gamma[cs].reshape(shape)
-        z += beta[cs].reshape(shape)
-        out = activate(z, spec.activation)
+        istd = 1 / np.sqrt(stats.var.reshape(-1) + xc.dtype.type(eps))
+        # y = act(xhat * gamma + beta) = act((x - mean) * (gamma istd) + beta), over x - mean
+        z = stats.centred
+        z *= (gamma[cs] * istd)[:, None]
+        z += beta[cs][:, None]
+        out = activate(z, spec.activation, out=z).reshape(xc[:, cs].shape)
         if y is not None:
             y[:, cs] = out
         return stats, out
@@ -166,33 +192,33 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, runni
     kept = kept_for_backward(out)
     x, gamma, beta, grad, out = in_compute_dtype(x, gamma, beta, grad, out)
     grad, out = np.broadcast_to(grad, x.shape), np.broadcast_to(out, x.shape)   # (a scalar gradient, too)
-    axes, m = spec.reduced_axes, spec.values_per_channel
+    m = spec.values_per_channel
     if kept is not None:
         kept = [v.astype(x.dtype, copy=False) for v in kept]
     slices = slices_per_thread(spec.channels, x.size)
     dx = None if len(slices) == 1 else np.empty(x.shape, dtypes[0])
 
     def channels(cs):
-        xs, shape = x[:, cs], (1, -1) + (1,) * (x.ndim - 2)
-        g = through_activation(grad[:, cs], out[:, cs], spec.activation)
+        xs = x[:, cs]
         if kept is None:
             stats = _BatchStats(xs, spec)
             mean, var = stats.mean, stats.var
         else:
             mean, var = (v[:, cs] for v in kept)
-        istd = 1 / np.sqrt(var + x.dtype.type(eps))
-        xhat = xs - mean
-        xhat *= istd
-        dbeta = np.sum(g, axis=axes)
-        dgamma = np.sum(g * xhat, axis=axes)
         if m == 0:
-            dxs = np.zeros_like(xs)
-        else:   # the formula's passes in place, in its order
-            dxs = m * g
-            dxs -= dbeta.reshape(shape)
-            xhat *= dgamma.reshape(shape)
-            dxs -= xhat
-            dxs *= gamma[cs].reshape(shape) * istd / m
+            return np.zeros_like(xs), np.zeros(xs.shape[1], xs.dtype), np.zeros(xs.shape[1], xs.dtype)
+        g = _rows(through_activation(grad[:, cs], out[:, cs], spec.activation))
+        istd = 1 / np.sqrt(var.reshape(-1) + x.dtype.type(eps))
+        centred = _rows(xs) - mean.reshape(-1, 1)
+        dbeta = _channel_sum(g)
+        dgamma = _channel_dot(g, centred) * istd          # sum g * xhat, xhat = (x - mean) istd
+        # dx = gamma istd (g - dbeta / M - xhat dgamma / M), its passes in place over x - mean
+        dxs = centred
+        dxs *= (-istd * dgamma / m)[:, None]
+        dxs += g
+        dxs -= (dbeta / m)[:, None]
+        dxs *= (gamma[cs] * istd)[:, None]
+        dxs = dxs.reshape(xs.shape)
         if dx is not None:
             dx[:, cs] = dxs
         return dxs, dgamma, dbeta
