@@ -2,20 +2,22 @@
 
 Forward and both gradients of conv2d and conv_transpose2d, reference (float64)
 and kernels (float32, float16, float64; the interpreter without a GPU), on
-named configurations: 'same' padding, stride 2, groups 2, dilation 2,
+named configurations: 'same' padding, stride 2, groups 2 (with stride 1 too), dilation 2,
 asymmetric padding, output_padding, an empty batch, transposed/strided
-inputs. Also: the asymmetric-padding oracle of conv_transpose2d equals torch's
+inputs; the stride-1 input gradient as a correlation with the turned kernel
+(named and drawn configurations). Also: the asymmetric-padding oracle of conv_transpose2d equals torch's
 own padding where that is symmetric, error messages, and torch doing nothing
 but allocate and make views in the kernels.
 """
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from triflux import backend
 from triflux.errors import DTypeError, ShapeError
 from triflux.primitives import REGISTRY
 from triflux.reference import conv as ref
-from triflux.specs.conv import FUSABLE_ACTIVATIONS
+from triflux.specs.conv import FUSABLE_ACTIVATIONS, conv2d_spec
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
@@ -27,6 +29,7 @@ CONV2D = {
     "same5x3": ((1, 2, 6, 5), (3, 2, 5, 3), dict(stride=(1, 1), padding=(2, 2, 1, 1), dilation=(1, 1), groups=1)),
     "stride2": ((2, 2, 9, 8), (3, 2, 3, 3), dict(stride=(2, 2), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)),
     "groups2": ((2, 4, 5, 6), (6, 2, 3, 2), dict(stride=(1, 2), padding=(1, 0, 0, 1), dilation=(1, 1), groups=2)),
+    "groups2_stride1": ((2, 4, 5, 7), (6, 2, 3, 3), dict(stride=(1, 1), padding=(2, 1, 1, 3), dilation=(1, 2), groups=2)),
     "dilation2": ((1, 2, 9, 9), (2, 2, 3, 3), dict(stride=(1, 1), padding=(2, 2, 2, 2), dilation=(2, 2), groups=1)),
     "asymmetric": ((2, 1, 5, 7), (2, 1, 2, 3), dict(stride=(2, 1), padding=(0, 2, 1, 0), dilation=(2, 1), groups=1)),
     "empty_batch": ((0, 2, 5, 5), (2, 2, 3, 3), dict(stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)),
@@ -87,6 +90,100 @@ def test_reference_matches_torch(op, name):
     for a, e, what in ((y, ty, "y"), (dx, tdx, "dx"), (dw, tdw, "dw")):
         _close(a, e, 1e-12, f"{op} {name} reference {what}")
         assert np.asarray(a).dtype == np.float64
+
+
+TURNED = ["same3x3", "same5x3", "groups2_stride1", "dilation2", "1x1", "empty_batch"]
+
+
+@pytest.mark.parametrize("op,name", [("conv2d", n) for n in TURNED] + [("conv_transpose2d", "same3x3")])
+def test_input_gradient_as_a_correlation_with_the_turned_kernel(op, name, monkeypatch):
+    """The stride-1 input gradient computed as a forward correlation of g with
+    the turned kernel (``_flipped_correlation``: chosen for large batches only,
+    forced here for small ones), plain and fused, equals torch's and col2im's."""
+    monkeypatch.setattr(ref, "_TURNED_PIXELS", 0)
+    x, w, g, attrs = _problem(op, name)
+    y = getattr(ref, f"{op}_forward")(x, w, **attrs)
+    dx, dw = getattr(ref, f"{op}_backward")(g, y, x, w, **attrs)
+    ty, tdx, tdw = _torch_all(op, x, w, g, attrs)
+    for a, e, what in ((y, ty, "y"), (dx, tdx, "dx"), (dw, tdw, "dw")):
+        _close(a, e, 1e-12, f"{op} {name} turned kernel {what}")
+    if op == "conv2d":
+        spec = conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
+        assert ref._flipped_correlation(g.shape, w, spec) is not None        # the path under test
+        b = _rand((w.shape[0],), 5)
+        yb = ref.conv2d_bias_act_forward(x, w, b, activation="tanh", **attrs)
+        turned = ref.conv2d_bias_act_backward(g, yb, x, w, b, activation="tanh", **attrs)
+        monkeypatch.setattr(ref, "_TURNED_PIXELS", float("inf"))
+        by_col2im = ref.conv2d_bias_act_backward(g, yb, x, w, b, activation="tanh", **attrs)
+        for a, e, what in zip(turned, by_col2im, ("dx", "dw", "db")):
+            _close(a, e, 1e-12, f"conv2d_bias_act {name} turned kernel {what}")
+
+
+@st.composite
+def _stride1_convs(draw):
+    """A stride-1 conv2d the turned kernel applies to: any groups, kernel,
+    dilation and padding within the kernel's reach on each side."""
+    G = draw(st.integers(1, 3))
+    Cg, Og = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    kh, kw, dh, dw = (draw(st.integers(1, 3)) for _ in range(4))
+    pads = tuple(draw(st.integers(0, d * (k - 1))) for d, k in ((dh, kh), (dh, kh), (dw, kw), (dw, kw)))
+    H = draw(st.integers(max(1, dh * (kh - 1) + 1 - pads[0] - pads[1]), 7))
+    W = draw(st.integers(max(1, dw * (kw - 1) + 1 - pads[2] - pads[3]), 7))
+    return (draw(st.integers(1, 3)), G * Cg, H, W), (G * Og, Cg, kh, kw), dict(padding=pads, dilation=(dh, dw),
+                                                                            groups=G)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=_stride1_convs(), seed=st.integers(0, 2 ** 16))
+def test_turned_kernel_equals_col2im_on_drawn_stride1_convs(case, seed):
+    """conv2d's input gradient and conv_transpose2d's forward (with an
+    output_padding below the dilation where there is room) by the turned kernel
+    equal col2im's, on drawn shapes, groups, kernels, dilations and paddings."""
+    xs, ws, attrs = case
+    rng = np.random.default_rng(seed)
+    x, w = rng.uniform(-1, 1, xs), rng.uniform(-1, 1, ws)
+    g = rng.uniform(-1, 1, ref.conv2d_forward(x, w, **attrs).shape)
+    op = tuple(d - 1 for d in attrs["dilation"])
+    results = []
+    for pixels in (0, float("inf")):                 # turned kernel, then col2im
+        ref._TURNED_PIXELS, saved = pixels, ref._TURNED_PIXELS
+        try:
+            results.append((ref.conv2d_backward(g, None, x, w, **attrs)[0],
+                            ref.conv_transpose2d_forward(g, w, output_padding=op, **attrs)))
+        finally:
+            ref._TURNED_PIXELS = saved
+    for turned, by_col2im in zip(*results):
+        np.testing.assert_allclose(turned, by_col2im, rtol=1e-12, atol=1e-12)
+
+
+def test_the_turned_kernel_is_not_used_where_it_would_differ_or_cost_more(monkeypatch):
+    """Infinite weights (the correlation's zero padding would make 0 * inf = NaN
+    where col2im has no product), strides, padding past the kernel's reach and
+    more output than input channels on wide images keep col2im; the NaN/inf
+    pattern of dx with an infinite weight is col2im's (and torch's)."""
+    monkeypatch.setattr(ref, "_TURNED_PIXELS", 0)
+    x, w, g, attrs = _problem("conv2d", "same3x3")
+    spec = conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
+    w_inf = w.copy()
+    w_inf[0, 0, 0, 0] = np.inf
+    assert ref._flipped_correlation(g.shape, w_inf, spec) is None
+    dx = ref.conv2d_backward(g, None, x, w_inf, **attrs)[0]
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w_inf)
+    F.conv2d(xt, wt, padding=1).backward(torch.tensor(g))
+    np.testing.assert_array_equal(np.isnan(dx), np.isnan(xt.grad.numpy()))
+    for name in ("stride2", "asymmetric"):
+        x2, w2, g2, attrs2 = _problem("conv2d", name)
+        assert ref._flipped_correlation(g2.shape, w2, conv2d_spec(x2.shape, w2.shape, x2.dtype, w2.dtype,
+                                                                      **attrs2)) is None
+    past = dict(attrs, padding=(3, 1, 1, 1))                          # 3 rows past a 3x3 kernel's reach of 2
+    spec = conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, **past)
+    assert ref._flipped_correlation(spec.out_shape, w, spec) is None
+    wide = np.zeros((2, 2, 3, 3)), np.zeros((4, 2, 3, 3))             # 2 => 4 channels on a 9- and an 8-wide image
+    for width, turned in ((9, False), (8, True)):
+        spec = conv2d_spec((1, 2, 4, width), wide[1].shape, np.float64, np.float64, padding=(1, 1, 1, 1))
+        assert (ref._flipped_correlation(spec.out_shape, wide[1], spec) is not None) == turned
+    monkeypatch.setattr(ref, "_TURNED_PIXELS", 1024)
+    assert ref._flipped_correlation(g.shape, w, conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)) is None
 
 
 def test_reference_keeps_dtype():
