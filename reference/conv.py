@@ -169,7 +169,7 @@ def _flipped_correlation(g_shape, w, spec):
     images wider than 8, where col2im's slice-adds run long enough; and
     batches of fewer than ``_TURNED_PIXELS`` output pixels, where turning the
     kernel (a copy of the weights) costs as much as the products. Measured on
-    two cores, a layer's whole backward took 0.6-0.95x of its time with
+    two cores, a layer's whole backward took 0.6-1.0x of its time with
     col2im on the UNets' and the Chain's layers it is chosen for."""
     O, Cg, kh, kw = w.shape
     (dh, dw), G = spec.dilation, spec.groups
