@@ -99,29 +99,14 @@ def _windows(xp, spec):
 #: im2col matrix stays a few MB, and a deep layer with few pixels still reads its
 #: weights once per batch, not once per sample.
 _GROUP_PIXELS = 2048
-#: a batch of fewer output pixels, whose im2col matrix has fewer values, is one
-#: group, whose products BLAS runs on all threads: a group per thread would read
-#: every weight once per thread for products a few dozen pixels wide (batch 4 of
-#: 4x4, 1024 channels: forward and backward 64 -> 56 ms; of 8x8, 64 channels:
-#: 2.3 -> 1.6 ms), while a large im2col copy still gains from the threads
-_SPLIT_PIXELS, _SPLIT_VALUES = 1024, 1 << 20
 
 
-def _sample_groups(n, pixels, rows):
+def _sample_groups(n, pixels):
     """Slices of consecutive samples (of ``n``), each with ``_GROUP_PIXELS`` or
     more output ``pixels`` (the last one fewer), and at least as many groups as
-    the threads that run them (``_threads``) where there are enough samples
-    and enough work: ``_SPLIT_PIXELS`` pixels in all, or ``_SPLIT_VALUES`` in
-    the im2col matrix (``rows`` = C*kh*kw of them per pixel)."""
-    per = max(1, -(-_GROUP_PIXELS // max(pixels, 1)))
-    if n * pixels >= _SPLIT_PIXELS or n * pixels * rows >= _SPLIT_VALUES:
-        per = min(per, max(1, -(-n // thread_count())))
+    the threads that run them (``_threads``) where there are enough samples."""
+    per = min(max(1, -(-_GROUP_PIXELS // max(pixels, 1))), max(1, -(-n // thread_count())))
     return [slice(start, min(start + per, n)) for start in range(0, n, per)]
-
-
-def _im2col_rows(spec):
-    """C*kh*kw: the im2col matrix's rows (all groups) for conv2d ``spec``."""
-    return spec.x_shape[1] * spec.kernel_size[0] * spec.kernel_size[1]
 
 
 def _im2col(xp, spec):
@@ -161,7 +146,7 @@ def _conv2d(x, w, spec, bias=None, activation="identity"):
         if bias is not None:
             z += bias.reshape(1, -1, 1, 1)
         activate(z, activation, out=y[s])
-    in_parallel(group, _sample_groups(N, Ho * Wo, _im2col_rows(spec)))
+    in_parallel(group, _sample_groups(N, Ho * Wo))
     return y
 
 
@@ -267,7 +252,7 @@ def _conv2d_input_grad(g, w, spec):
         return _conv2d(g, *flipped)
     dxp, runs = _input_grad_buffer(g, w, spec)
     in_parallel(lambda s: _add_input_grad(dxp[s], runs, g[s], w, spec),
-                         _sample_groups(g.shape[0], g.shape[2] * g.shape[3], _im2col_rows(spec)))
+                         _sample_groups(g.shape[0], g.shape[2] * g.shape[3]))
     return _cropped(dxp, spec)
 
 
@@ -301,7 +286,7 @@ def _conv2d_weight_grad(x, g, spec):
         dw[o, c', i, j] = sum_{n, p, q} g[n, o, p, q] * xp[n, g(o)*C/G + c', p*sh + i*dh, q*sw + j*dw]
     """
     parts = in_parallel(lambda s: _weight_grad_part(x[s], g[s], spec),
-                                 _sample_groups(x.shape[0], g.shape[2] * g.shape[3], _im2col_rows(spec)))
+                                 _sample_groups(x.shape[0], g.shape[2] * g.shape[3]))
     return _weight_grad(parts, spec, g.dtype)
 
 
@@ -418,7 +403,7 @@ def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0
             _add_input_grad(dxp[s], runs, gz, wc, spec)
         return (gz.sum(axis=(0, 2, 3)) if needs[2] else None,
                 _weight_grad_part(xc[s], gz, spec) if needs[1] else None)
-    parts = in_parallel(group, _sample_groups(g.shape[0], g.shape[2] * g.shape[3], _im2col_rows(spec)))
+    parts = in_parallel(group, _sample_groups(g.shape[0], g.shape[2] * g.shape[3]))
     if needs[0]:
         dx = (dx if flipped is not None else _cropped(dxp, spec)).astype(x.dtype, copy=False)
     else:

@@ -61,7 +61,7 @@ def test_an_error_waits_for_the_workers_and_restores_blas():
 @pytest.mark.parametrize("stride,padding", [((1, 1), (1, 1, 1, 1)), ((2, 1), (0, 1, 2, 0))])
 def test_conv_and_pool_on_one_thread_and_on_two(stride, padding):
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((5, 4, 24, 20)).astype(np.float32)     # enough pixels for a group per thread
+    x = rng.standard_normal((5, 4, 12, 10)).astype(np.float32)
     w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
     b = rng.standard_normal(6).astype(np.float32)
     attrs = dict(stride=stride, padding=padding, activation="relu")
@@ -69,27 +69,11 @@ def test_conv_and_pool_on_one_thread_and_on_two(stride, padding):
     for threads in (1, 2):
         with threadpool_limits(threads, "blas"):
             y = conv.conv2d_bias_act_forward(x, w, b, **attrs)
-            assert len(conv._sample_groups(5, y.shape[2] * y.shape[3], 36)) == threads
             grads = conv.conv2d_bias_act_backward(np.ones_like(y), y, x, w, b, **attrs)
             p = pool.maxpool2d_forward(x, (2, 2), (2, 2), (0, 0, 0, 0))
             runs.append((y, *grads, p, *pool.maxpool2d_backward(p, p, x, (2, 2), (2, 2), (0, 0, 0, 0))))
     for one, two in zip(*runs):
         np.testing.assert_allclose(one, two, rtol=1e-5, atol=1e-5)
-
-
-def test_conv_groups_split_over_the_threads_only_with_enough_work():
-    """A batch of few output pixels and a small im2col matrix is one group (its
-    products on all of BLAS's threads); more pixels, or a large matrix, one
-    group per thread (each of at least _GROUP_PIXELS pixels where there are
-    enough); one thread, one group."""
-    with threadpool_limits(2, "blas"):
-        assert conv._sample_groups(4, 64, 576) == [slice(0, 4)]                # 8x8, 64 channels, batch 4
-        assert conv._sample_groups(4, 256, 144) == [slice(0, 2), slice(2, 4)]  # 16x16, 16 channels
-        assert conv._sample_groups(4, 64, 9216 * 2) == [slice(0, 2), slice(2, 4)]   # 4.7M im2col values
-        assert conv._sample_groups(64, 64, 576) == [slice(k, k + 32) for k in (0, 32)]
-        assert conv._sample_groups(64, 4096, 27) == [slice(k, k + 1) for k in range(64)]
-    with threadpool_limits(1, "blas"):
-        assert conv._sample_groups(4, 256, 144) == [slice(0, 4)]
 
 
 def _squares_on_threads():
