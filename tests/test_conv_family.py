@@ -81,15 +81,22 @@ def _close(actual, expected, tol, what):
     assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g}"
 
 
-@pytest.mark.parametrize("op,name", CASES)
-def test_reference_matches_torch(op, name):
+def _reference_against_torch(op, name, label):
+    """The reference's forward and both gradients of a named case against
+    torch's (float64, to 1e-12); returns the case (x, w, g, attrs)."""
     x, w, g, attrs = _problem(op, name)
     y = getattr(ref, f"{op}_forward")(x, w, **attrs)
     dx, dw = getattr(ref, f"{op}_backward")(g, y, x, w, **attrs)
     ty, tdx, tdw = _torch_all(op, x, w, g, attrs)
     for a, e, what in ((y, ty, "y"), (dx, tdx, "dx"), (dw, tdw, "dw")):
-        _close(a, e, 1e-12, f"{op} {name} reference {what}")
+        _close(a, e, 1e-12, f"{op} {name} {label} {what}")
         assert np.asarray(a).dtype == np.float64
+    return x, w, g, attrs
+
+
+@pytest.mark.parametrize("op,name", CASES)
+def test_reference_matches_torch(op, name):
+    _reference_against_torch(op, name, "reference")
 
 
 TURNED = ["same3x3", "same5x3", "groups2_stride1", "dilation2", "1x1", "empty_batch"]
@@ -101,12 +108,7 @@ def test_input_gradient_as_a_correlation_with_the_turned_kernel(op, name, monkey
     the turned kernel (``_flipped_correlation``: chosen for large batches only,
     forced here for small ones), plain and fused, equals torch's and col2im's."""
     monkeypatch.setattr(ref, "_TURNED_PIXELS", 0)
-    x, w, g, attrs = _problem(op, name)
-    y = getattr(ref, f"{op}_forward")(x, w, **attrs)
-    dx, dw = getattr(ref, f"{op}_backward")(g, y, x, w, **attrs)
-    ty, tdx, tdw = _torch_all(op, x, w, g, attrs)
-    for a, e, what in ((y, ty, "y"), (dx, tdx, "dx"), (dw, tdw, "dw")):
-        _close(a, e, 1e-12, f"{op} {name} turned kernel {what}")
+    x, w, g, attrs = _reference_against_torch(op, name, "turned kernel")
     if op == "conv2d":
         spec = conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
         assert ref._flipped_correlation(g.shape, w, spec) is not None        # the path under test
