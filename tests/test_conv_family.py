@@ -269,9 +269,9 @@ def test_kernel_matches_torch(op, name, dtype):
 
 #: weight gradients long enough to split on a GPU: (op, x shape, w shape, attributes)
 SPLIT_CASES = {
-    "conv2d 3x3": ("conv2d", (2, 3, 20, 18), (4, 3, 3, 3),
+    "conv2d 3x3": ("conv2d", (2, 3, 14, 12), (4, 3, 3, 3),
                    dict(stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)),
-    "conv2d groups2 stride2": ("conv2d", (3, 4, 23, 21), (6, 2, 3, 2),
+    "conv2d groups2 stride2": ("conv2d", (2, 4, 17, 15), (6, 2, 3, 2),
                                dict(stride=(2, 1), padding=(1, 0, 0, 1), dilation=(1, 1), groups=2)),
     "conv_transpose2d stride2": ("conv_transpose2d", (2, 4, 9, 10), (4, 3, 2, 2),
                                  dict(stride=(2, 2), padding=(0, 0, 0, 0), output_padding=(0, 0), dilation=(1, 1),
