@@ -173,8 +173,8 @@ def _flipped_correlation(g_shape, w, spec):
     col2im on the UNets' and the Chain's layers it is chosen for."""
     O, Cg, kh, kw = w.shape
     (dh, dw), G = spec.dilation, spec.groups
-    pt, pb, pl, pr = spec.padding
-    N, C, H, W = spec.x_shape
+    pt, _, pl, _ = spec.padding
+    _, C, H, W = spec.x_shape
     Ho, Wo = g_shape[2:]
     # the padding that gives H x W outputs; g may lack rows/columns no input reaches (conv_transpose2d)
     padding = (dh * (kh - 1) - pt, H + pt - Ho, dw * (kw - 1) - pl, W + pl - Wo)
@@ -390,9 +390,8 @@ def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0
                                 stride, padding, dilation, groups, activation)
     xc, wc, g, y = in_compute_dtype(x, w, grad, out)
     flipped = _flipped_correlation(g.shape, wc, spec) if needs[0] else None
-    if flipped is not None:
-        dx = np.empty(spec.x_shape, g.dtype)
-    elif needs[0]:
+    dx = np.empty(spec.x_shape, g.dtype) if flipped is not None else None
+    if needs[0] and flipped is None:
         dxp, runs = _input_grad_buffer(g, wc, spec)
 
     def group(s):       # each group's gz is used while it is in cache
@@ -405,9 +404,7 @@ def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0
                 _weight_grad_part(xc[s], gz, spec) if needs[1] else None)
     parts = in_parallel(group, _sample_groups(g.shape[0], g.shape[2] * g.shape[3]))
     if needs[0]:
-        dx = (dx if flipped is not None else _cropped(dxp, spec)).astype(x.dtype, copy=False)
-    else:
-        dx = None
+        dx = (_cropped(dxp, spec) if flipped is None else dx).astype(x.dtype, copy=False)
     dw = _weight_grad([p[1] for p in parts], spec, g.dtype).astype(w.dtype, copy=False) if needs[1] else None
     db = (_in_order([p[0] for p in parts], lambda: np.zeros(spec.w_shape[0], g.dtype))
           .astype(np.asarray(b).dtype, copy=False) if needs[2] else None)
