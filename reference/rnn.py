@@ -23,8 +23,10 @@ it forms the gradients of the gate pre-activations ``dA_t`` (N, G*H) and
     db_ih     = sum_{n,t} dA_t        db_hh = sum_{n,t} dA_t
 
 (GRU: the hidden-side gate gradients differ in the n gate, see
-``gru_sequence_backward``). float16/bfloat16 compute in float32 and round
-once at the end; float32 and float64 stay as they are.
+``gru_sequence_backward``). Each backward takes ``needs`` (one bool per
+input) and returns None for a gradient nobody needs (a model's data ``x``
+needs no dx: one product fewer, as large as dW_ih's). float16/bfloat16 compute in
+float32 and round once at the end; float32 and float64 stay as they are.
 """
 import numpy as np
 
@@ -63,7 +65,7 @@ def rnn_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
     return y.astype(spec.dtype)
 
 
-def rnn_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
+def rnn_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh", needs=(True,) * 6):
     """BPTT with G = dL/dy. For t = L-1 ... 0, with dh = G_t + (carry from t+1):
 
         dA_t = dh * act'(A_t)     (tanh: 1 - tanh(A_t)^2; relu: [A_t > 0])
@@ -85,7 +87,7 @@ def rnn_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh, activation="
         dh = dh + grad[:, t]
         da[:, t] = dh * d_act[:, t]
         dh = da[:, t] @ w_hh
-    return _sums(spec.dtype, da, da, x, hprev, w_ih, dh)
+    return _sums(spec.dtype, needs, da, da, x, hprev, w_ih, dh)
 
 
 def _project(x, w, b):
@@ -95,18 +97,20 @@ def _project(x, w, b):
     return (x.reshape(n * length, k) @ w.T + b).reshape(n, length, w.shape[0])
 
 
-def _sums(dtype, da_i, da_h, x, hprev, w_ih, dh0, dc0=None):
-    """dx, dh0, (dc0), dW_ih, dW_hh, db_ih, db_hh from the gate gradients
-    (each sum over (n, t) one matrix product over the flattened batch and time)."""
-    n, length, g = da_i.shape
+def _sums(dtype, needs, da_i, da_h, x, hprev, w_ih, dh0):
+    """dx, dh0, dW_ih, dW_hh, db_ih, db_hh from the gate gradients (each sum
+    over (n, t) one matrix product over the flattened batch and time); None
+    for those not in ``needs``."""
+    n, length, _ = da_i.shape
     flat = lambda a: a.reshape(n * length, a.shape[2])   # noqa: E731
-    dx = (flat(da_i) @ w_ih).reshape(x.shape)
-    dw_ih = flat(da_i).T @ flat(x)
-    dw_hh = flat(da_h).T @ flat(hprev)
-    db_ih = da_i.sum(axis=(0, 1))
-    db_hh = da_h.sum(axis=(0, 1))
-    grads = (dx, dh0) + (() if dc0 is None else (dc0,)) + (dw_ih, dw_hh, db_ih, db_hh)
-    return tuple(g.astype(dtype) for g in grads)
+    need_x, need_h0, need_w_ih, need_w_hh, need_b_ih, need_b_hh = needs
+    grads = ((flat(da_i) @ w_ih).reshape(x.shape) if need_x else None,
+             dh0 if need_h0 else None,
+             flat(da_i).T @ flat(x) if need_w_ih else None,
+             flat(da_h).T @ flat(hprev) if need_w_hh else None,
+             da_i.sum(axis=(0, 1)) if need_b_ih else None,
+             da_h.sum(axis=(0, 1)) if need_b_hh else None)
+    return tuple(None if g is None else g.astype(dtype) for g in grads)
 
 
 # --- LSTM -------------------------------------------------------------------------------
@@ -180,7 +184,7 @@ def _lstm_gates(a):
     return i, f, g, o
 
 
-def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh, needs=(True,) * 7):
     """BPTT. ``out`` gives h_t and c_t; the gates are the ones the forward kept
     with this ``out``, or (for any other array) recomputed from x_t and h_{t-1}.
     With G = [G^h, G^c] = dL/dy, for t = L-1 ... 0:
@@ -246,13 +250,20 @@ def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     # of N values (transposing each dA_t back reads it value by value: 26 vs 19 ms
     # for 128 steps of (2048, 64))
     da = np.ascontiguousarray(da.transpose(1, 0, 2)).reshape(4 * hs, length * n)
-    h_prev = np.concatenate([h0[None], out.transpose(1, 0, 2)[:-1, :, :hs]]) if length else out[:, :, :hs]
-    dx = (da.T @ w_ih).reshape(length, n, spec.input_size).transpose(1, 0, 2)   # dx_t = dA_t @ w_ih
-    dw_ih = da @ x.transpose(1, 0, 2).reshape(length * n, spec.input_size)       # sum over t, n of dA_t^T x_t
-    dw_hh = da @ h_prev.reshape(length * n, hs)
-    db = da.sum(axis=1)                                                          # db_ih = db_hh
-    return tuple(np.ascontiguousarray(v, dtype=spec.dtype)
-                 for v in (dx, dh_next.T, dc_next.T, dw_ih, dw_hh, db, db.copy()))
+    need_x, need_h0, need_c0, need_w_ih, need_w_hh, need_b_ih, need_b_hh = needs
+    dx = dw_ih = dw_hh = db = None
+    if need_x:                                  # dx_t = dA_t @ w_ih
+        dx = (da.T @ w_ih).reshape(length, n, spec.input_size).transpose(1, 0, 2)
+    if need_w_ih:                               # sum over t, n of dA_t^T x_t
+        dw_ih = da @ x.transpose(1, 0, 2).reshape(length * n, spec.input_size)
+    if need_w_hh:
+        h_prev = np.concatenate([h0[None], out.transpose(1, 0, 2)[:-1, :, :hs]]) if length else out[:, :, :hs]
+        dw_hh = da @ h_prev.reshape(length * n, hs)
+    if need_b_ih or need_b_hh:
+        db = da.sum(axis=1)                     # db_ih = db_hh
+    grads = (dx, dh_next.T if need_h0 else None, dc_next.T if need_c0 else None, dw_ih, dw_hh,
+             db if need_b_ih else None, db.copy() if need_b_hh else None)
+    return tuple(None if v is None else np.ascontiguousarray(v, dtype=spec.dtype) for v in grads)
 
 
 # --- GRU --------------------------------------------------------------------------------
@@ -288,7 +299,7 @@ def _gru_gates(ai, ah, hs):
     return r, z, np.tanh(ai[..., 2 * hs:] + r * hn), hn
 
 
-def gru_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh):
+def gru_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh, needs=(True,) * 6):
     """BPTT; gates recomputed from x_t and h_{t-1} (read from ``out``). For
     t = L-1 ... 0, with dh = G_t + dAh_{t+1} @ w_hh + dh_{t+1} * z_{t+1}:
 
@@ -318,4 +329,4 @@ def gru_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh):
         dai[:, t] = np.concatenate([dr_pre, dz_pre, dn_pre], axis=1)
         dah[:, t] = np.concatenate([dr_pre, dz_pre, dn_pre * r], axis=1)
         carry = dah[:, t] @ w_hh + dh * z
-    return _sums(spec.dtype, dai, dah, x, hprev, w_ih, carry)
+    return _sums(spec.dtype, needs, dai, dah, x, hprev, w_ih, carry)

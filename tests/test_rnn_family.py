@@ -162,6 +162,35 @@ def test_zero_length_sequence(side, name, attrs):
         assert gr.shape == x.shape and not np.any(gr)
 
 
+@pytest.mark.parametrize("side", ["reference", pytest.param("kernel", marks=needs_kernels)])
+@pytest.mark.parametrize("name,attrs", CASES, ids=IDS)
+def test_partial_backward_computes_only_what_is_needed(side, name, attrs):
+    """Declared partial_backward: given ``needs``, a gradient nobody needs is
+    None (a model's data x: no dx; initial states made by the layer) and the
+    others are those of the full backward, bit for bit, whichever are asked
+    for: each input left out alone, and a training step's needs (weights and
+    biases only)."""
+    ins = _inputs(name, 3, 5, 2, 4, seed=11)
+    fwd, bwd = _fns(name, side)
+    args = ins if side == "reference" else _kernel_args(ins)
+    back = np.asarray if side == "reference" else _np
+    out = fwd(*args, **attrs)
+    g = np.random.default_rng(12).standard_normal(tuple(out.shape))
+    g = g if side == "reference" else _kernel_args([g])[0]
+    full = bwd(g, out, *args, **attrs)
+    states = 2 if name == "lstm_sequence" else 1
+    cases = [tuple(j != i for j in range(len(ins))) for i in range(len(ins))]
+    cases.append((False,) * (1 + states) + (True,) * 4)
+    for needs in cases:
+        part = bwd(g, out, *args, **attrs, needs=needs)
+        assert len(part) == len(ins)
+        for k, (need, p, f) in enumerate(zip(needs, part, full)):
+            if need:
+                np.testing.assert_array_equal(back(p), back(f), err_msg=f"{name} {needs}: gradient {k}")
+            else:
+                assert p is None, f"{name}: gradient {k} computed though not needed ({needs})"
+
+
 @needs_kernels
 @pytest.mark.parametrize("name,attrs", CASES[1:], ids=IDS[1:])
 def test_launches_do_not_grow_with_the_length(name, attrs, monkeypatch):

@@ -144,13 +144,13 @@ register("dropout", "dropout", accumulates=False, random=True,
              "backward redraws it)")
 
 # --- recurrent sequences: batch-first x (N, L, in), PyTorch weight layouts and gate order --------------
-register("rnn_sequence", "rnn", accumulates=True,
+register("rnn_sequence", "rnn", accumulates=True, partial_backward=True,
          doc="inputs: x (N, L, in), h0 (N, H), w_ih (H, in), w_hh (H, H), b_ih (H,), b_hh (H,); attrs: "
              "activation ('tanh' | 'relu'). y (N, L, H) = every hidden state h_t; BPTT backward.")
-register("lstm_sequence", "rnn", accumulates=True,
+register("lstm_sequence", "rnn", accumulates=True, partial_backward=True,
          doc="inputs: x (N, L, in), h0 (N, H), c0 (N, H), w_ih (4H, in), w_hh (4H, H), b_ih (4H,), b_hh (4H,); "
              "gates i, f, g, o. y (N, L, 2H) = [h_t, c_t] on the last axis; the kernels' backward recomputes "
              "the gates, the reference's reads those its forward kept with y (or recomputes them for another array).")
-register("gru_sequence", "rnn", accumulates=True,
+register("gru_sequence", "rnn", accumulates=True, partial_backward=True,
          doc="inputs: x (N, L, in), h0 (N, H), w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,); gates r, z, n "
              "(b_hn inside the reset gate's product, as torch). y (N, L, H) = every hidden state h_t.")

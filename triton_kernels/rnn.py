@@ -19,7 +19,7 @@ backward  the forward recurrence again where the output was rounded
           stores the gate gradients of every step in (N, L, G*H) buffers and
           finishes with dh0 (and dc0); then dx by a GEMM, dW_ih and dW_hh by
           ``_weight_sum_kernel`` and db_ih, db_hh by the reduce family's sums
-          (over batch and time).
+          (over batch and time), each only if ``needs`` asks for it.
 
 Programs: in the interpreter, one per batch block, taking every hidden unit.
 On a GPU the hidden units are split too, so that a small batch (64 rows: 4
@@ -557,7 +557,7 @@ def _weight_sum(a, b, b0, out_shape, dtype, shift=False):
     return out
 
 
-def _backward(spec, grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+def _backward(spec, needs, grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     n, length, h = spec.batch, spec.length, spec.hidden_size
     dev, dt = x.device, x.dtype
 
@@ -567,7 +567,7 @@ def _backward(spec, grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     if n * length * h == 0:
         gs = [zeros(x), zeros(h0)] + ([] if c0 is None else [zeros(c0)]) + \
              [zeros(w_ih), zeros(w_hh), zeros(b_ih), zeros(b_hh)]
-        return tuple(gs)
+        return tuple(g if need else None for g, need in zip(gs, needs))
     ct = to_torch(spec.compute_dtype)
     xp = matrix_product(x, w_ih.transpose(0, 1), out_dtype=ct)
     if out.dtype == ct:
@@ -586,13 +586,16 @@ def _backward(spec, grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
                   _step_counters(grid, dev, carry), n, length, h, units,
                   h0.stride(0), h0.stride(1), c0_.stride(0), c0_.stride(1), w_hh.stride(0), w_hh.stride(1),
                   b_ih.stride(0), b_hh.stride(0), grad.stride(0), grad.stride(1), grad.stride(2), **options)
-    dx = matrix_product(copy.cast(dgi, dt), w_ih)          # 16-bit: both operands in it (tensor cores)
-    dw_ih = _weight_sum(dgi, x, None, tuple(w_ih.shape), w_ih.dtype)
+    # the products and sums after the time loop, each only where its gradient is needed
+    need_x, need_h0, *need_c0, need_w_ih, need_w_hh, need_b_ih, need_b_hh = needs
     h_states = states if spec.primitive != "lstm_sequence" else states[:, :, :h]
-    dw_hh = _weight_sum(dgh, h_states, h0, tuple(w_hh.shape), w_hh.dtype, shift=True)
-    db_ih = unbroadcast(dgi, tuple(b_ih.shape), dtype=b_ih.dtype)      # sums over batch and time
-    db_hh = unbroadcast(dgh, tuple(b_hh.shape), dtype=b_hh.dtype)
-    gs = [dx, dh0] + ([] if c0 is None else [dc0]) + [dw_ih, dw_hh, db_ih, db_hh]
+    gs = [matrix_product(copy.cast(dgi, dt), w_ih) if need_x else None,     # 16-bit: both operands in it (tensor cores)
+          dh0 if need_h0 else None]
+    gs += [] if c0 is None else [dc0 if need_c0[0] else None]
+    gs += [_weight_sum(dgi, x, None, tuple(w_ih.shape), w_ih.dtype) if need_w_ih else None,
+           _weight_sum(dgh, h_states, h0, tuple(w_hh.shape), w_hh.dtype, shift=True) if need_w_hh else None,
+           unbroadcast(dgi, tuple(b_ih.shape), dtype=b_ih.dtype) if need_b_ih else None,    # sums over batch and time
+           unbroadcast(dgh, tuple(b_hh.shape), dtype=b_hh.dtype) if need_b_hh else None]
     return tuple(gs)
 
 
@@ -604,10 +607,10 @@ def rnn_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
     return _forward(spec, x, h0, None, w_ih, w_hh, b_ih, b_hh)
 
 
-def rnn_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh"):
+def rnn_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh, activation="tanh", needs=(True,) * 6):
     """See ``reference.rnn.rnn_sequence_backward``: one launch for BPTT, then GEMM/sums."""
     spec = _spec("rnn_sequence", (x, h0, w_ih, w_hh, b_ih, b_hh), activation)
-    return _backward(spec, grad, out, x, h0, None, w_ih, w_hh, b_ih, b_hh)
+    return _backward(spec, needs, grad, out, x, h0, None, w_ih, w_hh, b_ih, b_hh)
 
 
 def lstm_sequence_forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
@@ -616,10 +619,10 @@ def lstm_sequence_forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     return _forward(spec, x, h0, c0, w_ih, w_hh, b_ih, b_hh)
 
 
-def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+def lstm_sequence_backward(grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh, needs=(True,) * 7):
     """See ``reference.rnn.lstm_sequence_backward``."""
     spec = _spec("lstm_sequence", (x, h0, c0, w_ih, w_hh, b_ih, b_hh))
-    return _backward(spec, grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    return _backward(spec, needs, grad, out, x, h0, c0, w_ih, w_hh, b_ih, b_hh)
 
 
 def gru_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh):
@@ -628,7 +631,7 @@ def gru_sequence_forward(x, h0, w_ih, w_hh, b_ih, b_hh):
     return _forward(spec, x, h0, None, w_ih, w_hh, b_ih, b_hh)
 
 
-def gru_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh):
+def gru_sequence_backward(grad, out, x, h0, w_ih, w_hh, b_ih, b_hh, needs=(True,) * 6):
     """See ``reference.rnn.gru_sequence_backward``."""
     spec = _spec("gru_sequence", (x, h0, w_ih, w_hh, b_ih, b_hh))
-    return _backward(spec, grad, out, x, h0, None, w_ih, w_hh, b_ih, b_hh)
+    return _backward(spec, needs, grad, out, x, h0, None, w_ih, w_hh, b_ih, b_hh)
