@@ -310,9 +310,9 @@ def conv2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilati
     """
     spec = conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, stride, padding, dilation, groups)
     gc, xc, wc = in_compute_dtype(grad, x, w)
-    dx = _conv2d_input_grad(gc, wc, spec).astype(x.dtype, copy=False) if needs[0] else None
-    dw = _conv2d_weight_grad(xc, gc, spec).astype(w.dtype, copy=False) if needs[1] else None
-    return dx, dw
+    dx, dw, _ = _backward_by_groups(gc, None, xc, wc, spec, "identity", tuple(needs) + (False,))
+    return (None if dx is None else dx.astype(x.dtype, copy=False),
+            None if dw is None else dw.astype(w.dtype, copy=False))
 
 
 def conv_transpose2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), output_padding=(0, 0),
@@ -389,23 +389,34 @@ def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0
     spec = conv2d_bias_act_spec(np.shape(x), np.shape(w), np.shape(b), x.dtype, w.dtype, np.asarray(b).dtype,
                                 stride, padding, dilation, groups, activation)
     xc, wc, g, y = in_compute_dtype(x, w, grad, out)
-    flipped = _flipped_correlation(g.shape, wc, spec) if needs[0] else None
+    dx, dw, db = _backward_by_groups(g, y, xc, wc, spec, activation, needs)
+    return (None if dx is None else dx.astype(x.dtype, copy=False),
+            None if dw is None else dw.astype(w.dtype, copy=False),
+            None if db is None else db.astype(np.asarray(b).dtype, copy=False))
+
+
+def _backward_by_groups(g, y, x, w, spec, activation, needs):
+    """(dx, dw, db) of y = act(conv2d(x, w) + b) for the output gradient g (in
+    the compute dtype; ``y`` serves act' only, None for identity), those in
+    ``needs`` (None for the others): one section of groups of samples, each
+    taking its gz = g * act'(y) through the input gradient, the weight
+    gradient's product and the bias sum while gz is in cache."""
+    flipped = _flipped_correlation(g.shape, w, spec) if needs[0] else None
     dx = np.empty(spec.x_shape, g.dtype) if flipped is not None else None
     if needs[0] and flipped is None:
-        dxp, runs = _input_grad_buffer(g, wc, spec)
+        dxp, runs = _input_grad_buffer(g, w, spec)
 
-    def group(s):       # each group's gz is used while it is in cache
-        gz = through_activation(g[s], y[s], activation)
+    def group(s):
+        gz = g[s] if activation == "identity" else through_activation(g[s], y[s], activation)
         if flipped is not None:
             dx[s] = _conv2d(gz, *flipped)
         elif needs[0]:
-            _add_input_grad(dxp[s], runs, gz, wc, spec)
+            _add_input_grad(dxp[s], runs, gz, w, spec)
         return (gz.sum(axis=(0, 2, 3)) if needs[2] else None,
-                _weight_grad_part(xc[s], gz, spec) if needs[1] else None)
+                _weight_grad_part(x[s], gz, spec) if needs[1] else None)
     parts = in_parallel(group, _sample_groups(g.shape[0], g.shape[2] * g.shape[3]))
-    if needs[0]:
-        dx = (_cropped(dxp, spec) if flipped is None else dx).astype(x.dtype, copy=False)
-    dw = _weight_grad([p[1] for p in parts], spec, g.dtype).astype(w.dtype, copy=False) if needs[1] else None
-    db = (_in_order([p[0] for p in parts], lambda: np.zeros(spec.w_shape[0], g.dtype))
-          .astype(np.asarray(b).dtype, copy=False) if needs[2] else None)
+    if needs[0] and flipped is None:
+        dx = _cropped(dxp, spec)
+    dw = _weight_grad([p[1] for p in parts], spec, g.dtype) if needs[1] else None
+    db = _in_order([p[0] for p in parts], lambda: np.zeros(spec.w_shape[0], g.dtype)) if needs[2] else None
     return dx, dw, db
