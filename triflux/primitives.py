@@ -83,43 +83,72 @@ register("adamw_update", "optimise", differentiable=False, foreach=True, mutates
 register("rmsprop_update", "optimise", differentiable=False, foreach=True, mutates=(0, 2),
          doc="inputs: x, g, s; attrs: eta, rho, epsilon")
 
-# --- convolution: NCHW inputs, PyTorch weight layouts -----------------------------------------
-register("conv2d", "conv", accumulates=True, multilinear_forward=True, multilinear_backward=True,
-         partial_backward=True,
-         doc="inputs: x (N, C, H, W), w (O, C/groups, kh, kw); attrs: stride (sh, sw), "
-             "padding (top, bottom, left, right), dilation (dh, dw), groups. Cross-correlation, as torch.")
-register("conv2d_bias_act", "conv", accumulates=True, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
-         partial_backward=True,
-         doc="inputs: x (N, C, H, W), w (O, C/groups, kh, kw), b (O,); attrs: stride, padding (top, bottom, "
-             "left, right), dilation, groups, activation (one of fusable_activations: those whose "
-             "derivative is a function of their output). y = act(conv2d(x, w) + b[o]), fused; the "
-             "backward uses only the output y.")
-register("conv_transpose2d", "conv", accumulates=True, multilinear_forward=True, multilinear_backward=True,
-         partial_backward=True,
-         doc="inputs: x (N, C, H, W), w (C, O/groups, kh, kw); attrs: stride, padding (top, bottom, left, "
-             "right), output_padding (oh, ow), dilation, groups. The adjoint of conv2d, as torch.")
+# --- spatial families: any spatial rank R in 1..3 ------------------------------------------------
+# Inputs are (N, C, *spatial) with R spatial axes; every per-axis attr is a tuple of R entries
+# (stride, dilation, window, size, scale, output_padding) and ``padding`` the flat 2R-tuple
+# (lo_0, hi_0, lo_1, hi_1, ...) in axis order; the rank is read from them and from x. Each family's
+# spec (triflux/specs/<family>.py) carries the rank. The 2-D names stay as aliases (``conv2d`` finds
+# ``conv``), so code written for the 2-D primitives runs unchanged.
+_SPATIAL = ("x (N, C, *spatial) with R = 1, 2 or 3 spatial axes; per-axis attrs are R-tuples, padding the "
+            "flat (lo_0, hi_0, ..., lo_R-1, hi_R-1). ")
 
-# --- pooling: NCHW, torch's max_pool2d / avg_pool2d / adaptive pools ------------------------
+# --- convolution: PyTorch weight layouts -------------------------------------------------------------
+register("conv", "conv", accumulates=True, multilinear_forward=True, multilinear_backward=True,
+         partial_backward=True,
+         doc=_SPATIAL + "inputs: x, w (O, C/groups, *kernel); attrs: stride, padding, dilation, groups. "
+             "Cross-correlation, as torch's conv1d/2d/3d (and Flux's CrossCor).")
+register("conv_bias_act", "conv", accumulates=True, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
+         partial_backward=True,
+         doc=_SPATIAL + "inputs: x, w (O, C/groups, *kernel), b (O,); attrs: stride, padding, dilation, "
+             "groups, activation (one of fusable_activations: those whose derivative is a function of "
+             "their output). y = act(conv(x, w) + b[o]), fused; the backward uses only the output y.")
+register("conv_transpose", "conv", accumulates=True, multilinear_forward=True, multilinear_backward=True,
+         partial_backward=True,
+         doc=_SPATIAL + "inputs: x, w (C, O/groups, *kernel); attrs: stride, padding, output_padding, "
+             "dilation, groups. The adjoint of conv, as torch's conv_transpose1d/2d/3d.")
+
+# --- pooling: torch's max_pool / avg_pool / lp_pool / adaptive pools -------------------------------------
 # (windows sum, and overlapping windows sum their gradients: all accumulate)
-register("maxpool2d", "pool", accumulates=True,
-         doc="attrs: window (kh, kw), stride (sh, sw), padding (top, bottom, left, right), dilation (dh, dw), "
-             "ceil_mode. NaN propagates; the gradient goes to the first maximal pixel or the last NaN of "
-             "each window, as torch")
-register("meanpool2d", "pool", accumulates=True,
-         doc="attrs: window, stride, padding, ceil_mode, count_include_pad (divide by the taps inside the "
-             "padded input, or inside the input only), as torch")
-register("adaptive_maxpool2d", "pool", accumulates=False,
-         doc="attrs: size (Ho, Wo); windows floor(i*H/Ho) <= h < ceil((i+1)*H/Ho)")
-register("adaptive_meanpool2d", "pool", accumulates=True,
-         doc="attrs: size (Ho, Wo); the windows of adaptive_maxpool2d")
+register("maxpool", "pool", accumulates=True,
+         doc=_SPATIAL + "attrs: window, stride, padding, dilation, ceil_mode. NaN propagates; the gradient "
+             "goes to the first maximal element or the last NaN of each window, as torch")
+register("meanpool", "pool", accumulates=True,
+         doc=_SPATIAL + "attrs: window, stride, padding, ceil_mode, count_include_pad (divide by the taps "
+             "inside the padded input, or inside the input only), as torch")
+register("lpnormpool", "pool", accumulates=True,
+         doc=_SPATIAL + "attrs: p (a positive float), window, stride, padding, dilation, ceil_mode. "
+             "y = (sum of x^p over the window)^(1/p), as torch's lp_pool (NNlib's lpnormpool)")
+register("adaptive_maxpool", "pool", accumulates=False,
+         doc=_SPATIAL + "attrs: size (R output sides); windows floor(i*n/m) <= h < ceil((i+1)*n/m)")
+register("adaptive_meanpool", "pool", accumulates=True,
+         doc=_SPATIAL + "attrs: size; the windows of adaptive_maxpool")
 
-# --- upsampling: torch's F.interpolate, nearest and bilinear ----------------------------------
-# (the backward sums the gradients of every output pixel a source pixel feeds)
-register("upsample_nearest2d", "upsample", accumulates=True,
-         doc="attrs: exactly one of size (Ho, Wo) and scale (sh, sw), positive ints or floats; "
+# --- resampling: torch's F.interpolate, F.pixel_shuffle ---------------------------------------------------
+# (the backward sums the gradients of every output element a source element feeds)
+register("upsample_nearest", "upsample", accumulates=True,
+         doc=_SPATIAL + "attrs: exactly one of size (R sides) and scale (R positive ints or floats); "
              "torch's index rule")
-register("upsample_bilinear2d", "upsample", accumulates=True,
-         doc="attrs: size or scale as upsample_nearest2d, align_corners")
+register("upsample_linear", "upsample", accumulates=True,
+         doc=_SPATIAL + "attrs: size or scale as upsample_nearest, align_corners. Linear along each "
+             "spatial axis: linear (R = 1), bilinear (2), trilinear (3)")
+register("pixel_shuffle", "upsample", accumulates=False, multilinear_forward=True, multilinear_backward=True,
+         doc=_SPATIAL + "attrs: factor r. (N, C*r^R, *s) -> (N, C, *(s*r)): a permutation of the elements, "
+             "torch's channel order (NNlib's pixel_shuffle in row-major layout)")
+register("pixel_unshuffle", "upsample", accumulates=False, multilinear_forward=True, multilinear_backward=True,
+         doc=_SPATIAL + "attrs: factor r. The inverse of pixel_shuffle: (N, C, *(s*r)) -> (N, C*r^R, *s)")
+
+# --- padding -----------------------------------------------------------------------------------------
+register("pad", "pad", accumulates=True, multilinear_backward=True,
+         doc="inputs: x of any rank; attrs: padding (lo, hi) per axis of x, flat (2*x.ndim entries, "
+             "non-negative), mode ('constant' | 'reflect' | 'replicate' | 'symmetric' | 'circular'), value "
+             "(constant mode). The backward sums the gradients of every output element an input element "
+             "was copied to")
+
+for _old, _new in (("conv2d", "conv"), ("conv2d_bias_act", "conv_bias_act"), ("conv_transpose2d", "conv_transpose"),
+                   ("maxpool2d", "maxpool"), ("meanpool2d", "meanpool"), ("adaptive_maxpool2d", "adaptive_maxpool"),
+                   ("adaptive_meanpool2d", "adaptive_meanpool"), ("upsample_nearest2d", "upsample_nearest"),
+                   ("upsample_bilinear2d", "upsample_linear")):
+    REGISTRY.alias(_old, _new)
 
 # --- normalisation ---------------------------------------------------------------------------
 # (batch statistics and the gradients of gamma and beta are sums over N and the pixels)

@@ -134,7 +134,30 @@ class Primitive:
 
 
 class Registry(dict):
-    """Primitives by name; ``triflux.primitives.REGISTRY`` is the one instance."""
+    """Primitives by name; ``triflux.primitives.REGISTRY`` is the one instance.
+
+    A rank-generic primitive (``conv``, ``maxpool``, ...) is also found by the
+    name of its 2-D case (``conv2d``, ``maxpool2d``, ...), an alias: indexing
+    and ``get`` resolve it, iteration lists each primitive once."""
+
+    def __init__(self):
+        super().__init__()
+        #: old or rank-specific name -> registered name
+        self.aliases = {}
+
+    def alias(self, name, registered):
+        """Make ``name`` find the primitive ``registered``."""
+        if name in self or registered not in self:
+            raise ValueError(f"alias {name!r} -> {registered!r}: the name is taken or the target is unknown")
+        self.aliases[name] = registered
+
+    def __missing__(self, name):
+        if name in self.aliases:
+            return self[self.aliases[name]]
+        raise KeyError(name)
+
+    def get(self, name, default=None):
+        return self[name] if name in self or name in self.aliases else default
 
     def register(self, name, family, **traits):
         if name in self:
