@@ -62,7 +62,7 @@ def test_matmul_tunes_over_its_table_with_the_models_pick_first(on_a_gpu):
 def test_conv_gather_tunes_with_the_models_pick_first(on_a_gpu):
     tf.set_autotune(True)
     x, w = torch.ones(2, 8, 16, 16, dtype=torch.bfloat16), torch.ones(16, 8, 3, 3, dtype=torch.bfloat16)
-    spec = conv.conv2d_spec(tuple(x.shape), tuple(w.shape), x.dtype, w.dtype, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    spec = conv.conv_spec(tuple(x.shape), tuple(w.shape), x.dtype, w.dtype, (1, 1), (1, 1, 1, 1), (1, 1), 1)
     y = torch.empty(2, 16, 16, 16, dtype=torch.bfloat16)
     conv._gather_conv(x, w, y, spec, 8, 16, (0, w.stride(0), w.stride(1)), False)
     ((kernel, grid, args, meta, pending),) = on_a_gpu

@@ -1,13 +1,16 @@
 """conv family: fixed configurations against torch, beyond the property suite.
 
-Forward and both gradients of conv2d and conv_transpose2d, reference (float64)
+Forward and both gradients of conv and conv_transpose, reference (float64)
 and kernels (float32, float16, float64; the interpreter without a GPU), on
-named configurations: 'same' padding, stride 2, groups 2 (with stride 1 too), dilation 2,
+named configurations of rank 2: 'same' padding, stride 2, groups 2 (with stride 1 too), dilation 2,
 asymmetric padding, output_padding, an empty batch, transposed/strided
-inputs; the stride-1 input gradient as a correlation with the turned kernel
-(named and drawn configurations). Also: the asymmetric-padding oracle of conv_transpose2d equals torch's
-own padding where that is symmetric, error messages, and torch doing nothing
-but allocate and make views in the kernels.
+inputs; and of ranks 1 and 3 where the rank-generic code could hide a bug
+(strides, asymmetric padding, groups, output_padding and the depth axis of
+the kernels' phases); the stride-1 input gradient as a correlation with the
+turned kernel (named and drawn configurations, every rank). Also: the
+asymmetric-padding oracle of conv_transpose equals torch's own padding where
+that is symmetric, error messages (ranks that disagree), the 2-D spec entry
+points, and torch doing nothing but allocate and make views in the kernels.
 """
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ from triflux import backend
 from triflux.errors import DTypeError, ShapeError
 from triflux.primitives import REGISTRY
 from triflux.reference import conv as ref
-from triflux.specs.conv import FUSABLE_ACTIVATIONS, conv2d_spec
+from triflux.specs.conv import FUSABLE_ACTIVATIONS, conv_spec, conv_transpose_spec
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
@@ -34,6 +37,13 @@ CONV2D = {
     "asymmetric": ((2, 1, 5, 7), (2, 1, 2, 3), dict(stride=(2, 1), padding=(0, 2, 1, 0), dilation=(2, 1), groups=1)),
     "empty_batch": ((0, 2, 5, 5), (2, 2, 3, 3), dict(stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)),
     "1x1": ((2, 3, 4, 4), (5, 3, 1, 1), dict(stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1)),
+    # rank 1 and rank 3
+    "1d_same": ((2, 3, 11), (3, 3, 3), dict(stride=(1,), padding=(1, 1), dilation=(1,), groups=1)),
+    "1d_stride2_groups2": ((2, 4, 13), (6, 2, 3), dict(stride=(2,), padding=(2, 0), dilation=(2,), groups=2)),
+    "3d_same": ((2, 2, 4, 5, 3), (3, 2, 3, 3, 2), dict(stride=(1, 1, 1), padding=(1, 1, 1, 1, 0, 1),
+                                                       dilation=(1, 1, 1), groups=1)),
+    "3d_stride_groups2": ((1, 4, 5, 4, 5), (4, 2, 2, 2, 2), dict(stride=(2, 1, 2), padding=(0, 1, 1, 0, 1, 1),
+                                                                 dilation=(1, 2, 1), groups=2)),
 }
 
 CONV_T = {
@@ -45,9 +55,13 @@ CONV_T = {
     "empty_batch": ((0, 2, 4, 4), (2, 3, 3, 3), dict(stride=(2, 2), padding=(1, 1, 1, 1), output_padding=(1, 1), dilation=(1, 1), groups=1)),
     # a 1x1 output of stride 2: three of the output's four phases (p, q mod 2) have no pixel
     "stride_over_output": ((2, 3, 1, 1), (3, 4, 1, 1), dict(stride=(2, 2), padding=(0, 0, 0, 0), output_padding=(0, 0), dilation=(1, 1), groups=1)),
+    "1d_stride2_up": ((2, 2, 6), (2, 3, 3), dict(stride=(2,), padding=(1, 0), output_padding=(1,), dilation=(1,), groups=1)),
+    # every depth phase of a stride-2 depth axis, with output_padding on it
+    "3d_stride2_up": ((1, 2, 3, 2, 3), (2, 2, 2, 3, 2), dict(stride=(2, 1, 2), padding=(0, 1, 1, 0, 0, 1),
+                                                             output_padding=(1, 0, 0), dilation=(1, 1, 1), groups=2)),
 }
 
-OPS = {"conv2d": (CONV2D, oracle.conv2d_torch), "conv_transpose2d": (CONV_T, oracle.conv_transpose2d_torch)}
+OPS = {"conv": (CONV2D, oracle.conv_torch), "conv_transpose": (CONV_T, oracle.conv_transpose_torch)}
 CASES = [(op, name) for op, (table, _) in OPS.items() for name in table]
 
 
@@ -99,59 +113,62 @@ def test_reference_matches_torch(op, name):
     _reference_against_torch(op, name, "reference")
 
 
-TURNED = ["same3x3", "same5x3", "groups2_stride1", "dilation2", "1x1", "empty_batch"]
+TURNED = ["same3x3", "same5x3", "groups2_stride1", "dilation2", "1x1", "empty_batch", "1d_same", "3d_same"]
 
 
-@pytest.mark.parametrize("op,name", [("conv2d", n) for n in TURNED] + [("conv_transpose2d", "same3x3")])
+@pytest.mark.parametrize("op,name", [("conv", n) for n in TURNED] + [("conv_transpose", "same3x3")])
 def test_input_gradient_as_a_correlation_with_the_turned_kernel(op, name, monkeypatch):
     """The stride-1 input gradient computed as a forward correlation of g with
     the turned kernel (``_flipped_correlation``: chosen for large batches only,
     forced here for small ones), plain and fused, equals torch's and col2im's."""
     monkeypatch.setattr(ref, "_TURNED_PIXELS", 0)
     x, w, g, attrs = _reference_against_torch(op, name, "turned kernel")
-    if op == "conv2d":
-        spec = conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
+    if op == "conv":
+        spec = conv_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
         assert ref._flipped_correlation(g.shape, w, spec) is not None        # the path under test
         b = _rand((w.shape[0],), 5)
-        yb = ref.conv2d_bias_act_forward(x, w, b, activation="tanh", **attrs)
-        turned = ref.conv2d_bias_act_backward(g, yb, x, w, b, activation="tanh", **attrs)
+        yb = ref.conv_bias_act_forward(x, w, b, activation="tanh", **attrs)
+        turned = ref.conv_bias_act_backward(g, yb, x, w, b, activation="tanh", **attrs)
         monkeypatch.setattr(ref, "_TURNED_PIXELS", float("inf"))
-        by_col2im = ref.conv2d_bias_act_backward(g, yb, x, w, b, activation="tanh", **attrs)
+        by_col2im = ref.conv_bias_act_backward(g, yb, x, w, b, activation="tanh", **attrs)
         for a, e, what in zip(turned, by_col2im, ("dx", "dw", "db")):
-            _close(a, e, 1e-12, f"conv2d_bias_act {name} turned kernel {what}")
+            _close(a, e, 1e-12, f"conv_bias_act {name} turned kernel {what}")
 
 
 @st.composite
 def _stride1_convs(draw):
-    """A stride-1 conv2d the turned kernel applies to: any groups, kernel,
-    dilation and padding within the kernel's reach on each side."""
+    """A stride-1 conv of rank 1, 2 or 3 the turned kernel applies to: any
+    groups, kernel, dilation and padding within the kernel's reach on each side."""
+    R = draw(st.integers(1, 3))
     G = draw(st.integers(1, 3))
     Cg, Og = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    kh, kw, dh, dw = (draw(st.integers(1, 3)) for _ in range(4))
-    pads = tuple(draw(st.integers(0, d * (k - 1))) for d, k in ((dh, kh), (dh, kh), (dw, kw), (dw, kw)))
-    H = draw(st.integers(max(1, dh * (kh - 1) + 1 - pads[0] - pads[1]), 7))
-    W = draw(st.integers(max(1, dw * (kw - 1) + 1 - pads[2] - pads[3]), 7))
-    return (draw(st.integers(1, 3)), G * Cg, H, W), (G * Og, Cg, kh, kw), dict(padding=pads, dilation=(dh, dw),
-                                                                            groups=G)
+    kernel = tuple(draw(st.integers(1, 3)) for _ in range(R))
+    dilation = tuple(draw(st.integers(1, 3 if R < 3 else 2)) for _ in range(R))
+    pads, sides = (), ()
+    for k, d in zip(kernel, dilation):
+        pads += (draw(st.integers(0, d * (k - 1))), draw(st.integers(0, d * (k - 1))))
+        sides += (draw(st.integers(max(1, d * (k - 1) + 1 - pads[-2] - pads[-1]), 7 if R < 3 else 5)),)
+    return ((draw(st.integers(1, 3)), G * Cg) + sides, (G * Og, Cg) + kernel,
+            dict(stride=(1,) * R, padding=pads, dilation=dilation, groups=G))
 
 
 @settings(max_examples=40, deadline=None)
 @given(case=_stride1_convs(), seed=st.integers(0, 2 ** 16))
 def test_turned_kernel_equals_col2im_on_drawn_stride1_convs(case, seed):
-    """conv2d's input gradient and conv_transpose2d's forward (with an
+    """conv's input gradient and conv_transpose's forward (with an
     output_padding below the dilation where there is room) by the turned kernel
     equal col2im's, on drawn shapes, groups, kernels, dilations and paddings."""
     xs, ws, attrs = case
     rng = np.random.default_rng(seed)
     x, w = rng.uniform(-1, 1, xs), rng.uniform(-1, 1, ws)
-    g = rng.uniform(-1, 1, ref.conv2d_forward(x, w, **attrs).shape)
+    g = rng.uniform(-1, 1, ref.conv_forward(x, w, **attrs).shape)
     op = tuple(d - 1 for d in attrs["dilation"])
     results = []
     for pixels in (0, float("inf")):                 # turned kernel, then col2im
         ref._TURNED_PIXELS, saved = pixels, ref._TURNED_PIXELS
         try:
-            results.append((ref.conv2d_backward(g, None, x, w, **attrs)[0],
-                            ref.conv_transpose2d_forward(g, w, output_padding=op, **attrs)))
+            results.append((ref.conv_backward(g, None, x, w, **attrs)[0],
+                            ref.conv_transpose_forward(g, w, output_padding=op, **attrs)))
         finally:
             ref._TURNED_PIXELS = saved
     for turned, by_col2im in zip(*results):
@@ -164,36 +181,79 @@ def test_the_turned_kernel_is_not_used_where_it_would_differ_or_cost_more(monkey
     more output than input channels on wide images keep col2im; the NaN/inf
     pattern of dx with an infinite weight is col2im's (and torch's)."""
     monkeypatch.setattr(ref, "_TURNED_PIXELS", 0)
-    x, w, g, attrs = _problem("conv2d", "same3x3")
-    spec = conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
+    x, w, g, attrs = _problem("conv", "same3x3")
+    spec = conv_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
     w_inf = w.copy()
     w_inf[0, 0, 0, 0] = np.inf
     assert ref._flipped_correlation(g.shape, w_inf, spec) is None
-    dx = ref.conv2d_backward(g, None, x, w_inf, **attrs)[0]
+    dx = ref.conv_backward(g, None, x, w_inf, **attrs)[0]
     xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w_inf)
     F.conv2d(xt, wt, padding=1).backward(torch.tensor(g))
     np.testing.assert_array_equal(np.isnan(dx), np.isnan(xt.grad.numpy()))
-    for name in ("stride2", "asymmetric"):
-        x2, w2, g2, attrs2 = _problem("conv2d", name)
-        assert ref._flipped_correlation(g2.shape, w2, conv2d_spec(x2.shape, w2.shape, x2.dtype, w2.dtype,
-                                                                      **attrs2)) is None
+    for name in ("stride2", "asymmetric", "1d_stride2_groups2", "3d_stride_groups2"):
+        x2, w2, g2, attrs2 = _problem("conv", name)
+        assert ref._flipped_correlation(g2.shape, w2, conv_spec(x2.shape, w2.shape, x2.dtype, w2.dtype,
+                                                                    **attrs2)) is None
     past = dict(attrs, padding=(3, 1, 1, 1))                          # 3 rows past a 3x3 kernel's reach of 2
-    spec = conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, **past)
+    spec = conv_spec(x.shape, w.shape, x.dtype, w.dtype, **past)
     assert ref._flipped_correlation(spec.out_shape, w, spec) is None
     wide = np.zeros((2, 2, 3, 3)), np.zeros((4, 2, 3, 3))             # 2 => 4 channels on a 9- and an 8-wide image
     for width, turned in ((9, False), (8, True)):
-        spec = conv2d_spec((1, 2, 4, width), wide[1].shape, np.float64, np.float64, padding=(1, 1, 1, 1))
+        spec = conv_spec((1, 2, 4, width), wide[1].shape, np.float64, np.float64, padding=(1, 1, 1, 1))
         assert (ref._flipped_correlation(spec.out_shape, wide[1], spec) is not None) == turned
     monkeypatch.setattr(ref, "_TURNED_PIXELS", 1024)
-    assert ref._flipped_correlation(g.shape, w, conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)) is None
+    assert ref._flipped_correlation(g.shape, w, conv_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)) is None
+
+
+@pytest.mark.parametrize("xs,ws,padding", [
+    ((1, 2, 3, 4, 20), (2, 2, 3, 2, 1), (0, 0, 1, 0, 0, 0)),      # 3-D: one output plane along the depth
+    ((2, 3, 5, 40), (4, 3, 2, 3), (1, 0, 1, 1)),                   # 2-D: wide rows
+    ((2, 3, 5, 6, 7), (3, 3, 2, 2, 2), (1, 0, 0, 1, 1, 1)),        # 3-D, several planes: slice-adds per tap
+])
+def test_col2im_runs_along_the_rows_where_it_can(xs, ws, padding, monkeypatch):
+    """col2im's slice-adds run along the rows laid end to end (a spare row per
+    plane) for stride 1 with a single output plane before the last two axes, and
+    tap by tap otherwise; both equal torch's input gradient."""
+    monkeypatch.setattr(ref, "_TURNED_PIXELS", float("inf"))
+    R = len(xs) - 2
+    x, w = _rand(xs, 61), _rand(ws, 62)
+    attrs = dict(stride=(1,) * R, padding=padding, dilation=(1,) * R, groups=1)
+    y = ref.conv_forward(x, w, **attrs)
+    g = _rand(y.shape, 63)
+    spec = conv_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
+    assert ref._input_grad_buffer(g, w, spec)[1] == (all(o == 1 for o in y.shape[2:-2]) and xs[-1] > 16)
+    dx = ref.conv_backward(g, y, x, w, **attrs, needs=(True, False))[0]
+    xt = torch.tensor(x, requires_grad=True)
+    oracle.conv_torch(xt, torch.tensor(w), **attrs).backward(torch.tensor(g))
+    _close(dx, xt.grad.numpy(), 1e-12, f"col2im {xs} {ws}")
+
+
+@pytest.mark.parametrize("name", ["same3x3", "1d_same", "3d_same"])
+def test_narrow_products_in_column_chunks(name, monkeypatch):
+    """Products of few output channels over a long im2col matrix run in column
+    chunks (``_product``: forced here on small cases, chunks of 64 columns): the
+    forward, and the input gradient as a correlation with the turned kernel, equal torch's."""
+    monkeypatch.setattr(ref, "_LONG", 0)
+    monkeypatch.setattr(ref, "_CHUNK_VALUES", 1)
+    monkeypatch.setattr(ref, "_TURNED_PIXELS", 0)
+    xs, ws, attrs = CONV2D[name]
+    x, w = _rand(xs, 71), _rand(ws, 72)
+    batch = _rand((3,) + xs[1:], 73)                      # more columns than one chunk
+    for inputs in ((x, w), (batch, w)):
+        y = ref.conv_forward(*inputs, **attrs)
+        g = _rand(y.shape, 74)
+        dx, dw = ref.conv_backward(g, y, *inputs, **attrs)
+        for a, e, what in zip((y, dx, dw), _torch_all("conv", *inputs, g, attrs), ("y", "dx", "dw")):
+            _close(a, e, 1e-12, f"chunked {name} {what}")
 
 
 def test_reference_keeps_dtype():
-    x, w, g, attrs = _problem("conv2d", "groups2")
-    for dt in (np.float32, np.float16):
-        y = ref.conv2d_forward(x.astype(dt), w.astype(dt), **attrs)
-        dx, dw = ref.conv2d_backward(g.astype(dt), y, x.astype(dt), w.astype(dt), **attrs)
-        assert y.dtype == dx.dtype == dw.dtype == dt
+    for name in ("groups2", "1d_stride2_groups2", "3d_same"):
+        x, w, g, attrs = _problem("conv", name)
+        for dt in (np.float32, np.float16):
+            y = ref.conv_forward(x.astype(dt), w.astype(dt), **attrs)
+            dx, dw = ref.conv_backward(g.astype(dt), y, x.astype(dt), w.astype(dt), **attrs)
+            assert y.dtype == dx.dtype == dw.dtype == dt
 
 
 def test_transpose_oracle_matches_torch_symmetric_padding():
@@ -201,25 +261,80 @@ def test_transpose_oracle_matches_torch_symmetric_padding():
     x, w = _rand((2, 2, 4, 5), 4), _rand((2, 3, 3, 3), 5)
     for s, p, op, d in (((2, 2), 1, (1, 1), (1, 1)), ((2, 1), 2, (1, 0), (2, 1)), ((1, 1), 1, (0, 0), (1, 1))):
         xt, wt = torch.tensor(x), torch.tensor(w)
-        mine = oracle.conv_transpose2d_torch(xt, wt, stride=s, padding=(p, p, p, p), output_padding=op,
-                                             dilation=d)
+        mine = oracle.conv_transpose_torch(xt, wt, stride=s, padding=(p, p, p, p), output_padding=op,
+                                           dilation=d)
         theirs = F.conv_transpose2d(xt, wt, stride=s, padding=p, output_padding=op, dilation=d)
         assert torch.equal(mine, theirs)
+    # and ranks 1 and 3
+    x1, w1 = torch.tensor(_rand((2, 2, 5), 6)), torch.tensor(_rand((2, 3, 3), 7))
+    assert torch.equal(oracle.conv_transpose_torch(x1, w1, stride=(2,), padding=(1, 1), output_padding=(1,),
+                                                   dilation=(1,)),
+                       F.conv_transpose1d(x1, w1, stride=2, padding=1, output_padding=1))
+    x3, w3 = torch.tensor(_rand((1, 2, 3, 2, 3), 8)), torch.tensor(_rand((2, 2, 2, 3, 2), 9))
+    assert torch.equal(oracle.conv_transpose_torch(x3, w3, stride=(2, 1, 2), padding=(1, 1, 0, 0, 1, 1),
+                                                   output_padding=(1, 0, 1), dilation=(1, 1, 1)),
+                       F.conv_transpose3d(x3, w3, stride=(2, 1, 2), padding=(1, 0, 1), output_padding=(1, 0, 1)))
 
 
 def test_reference_errors():
     x, w = np.zeros((1, 4, 5, 5)), np.zeros((2, 3, 3, 3))
     with pytest.raises(ShapeError, match="groups=3"):
-        ref.conv2d_forward(x, w, groups=3)
+        ref.conv_forward(x, w, groups=3)
     with pytest.raises(ShapeError, match="input channels"):
-        ref.conv2d_forward(x, w)
+        ref.conv_forward(x, w)
     with pytest.raises(ShapeError, match="smaller than the dilated kernel"):
-        ref.conv2d_forward(np.zeros((1, 3, 2, 2)), np.zeros((2, 3, 3, 3)))
+        ref.conv_forward(np.zeros((1, 3, 2, 2)), np.zeros((2, 3, 3, 3)))
+    with pytest.raises(ShapeError, match=r"smaller than the dilated kernel \(3, 3, 5\)"):
+        ref.conv_forward(np.zeros((1, 3, 4, 4, 4)), np.zeros((2, 3, 3, 3, 3)), dilation=(1, 1, 2))
     with pytest.raises(DTypeError):
-        ref.conv2d_forward(x.astype(np.float32), np.zeros((2, 4, 3, 3)))
+        ref.conv_forward(x.astype(np.float32), np.zeros((2, 4, 3, 3)))
     with pytest.raises(ShapeError, match="output_padding"):
-        ref.conv_transpose2d_forward(np.zeros((1, 2, 3, 3)), np.zeros((2, 2, 3, 3)), stride=(1, 1),
-                                     output_padding=(1, 0))
+        ref.conv_transpose_forward(np.zeros((1, 2, 3, 3)), np.zeros((2, 2, 3, 3)), stride=(1, 1),
+                                   output_padding=(1, 0))
+
+
+@pytest.mark.parametrize("name", ["conv", "conv_bias_act", "conv_transpose"])
+def test_ranks_that_disagree_are_shape_errors_naming_both(name):
+    """x of one rank with a weight or per-axis attributes of another, and a
+    padding of the wrong length: a ShapeError that names the primitive, the
+    expected and actual lengths and the fix, from the spec, before any work."""
+    f = getattr(ref, f"{name}_forward")
+    bias = (np.zeros(2),) if name == "conv_bias_act" else ()
+    x2, x3 = np.zeros((1, 2, 5, 5)), np.zeros((1, 2, 4, 4, 4))
+    w2 = np.zeros((2, 2, 3, 3))
+    with pytest.raises(ShapeError, match=rf"{name}: x \(1, 2, 4, 4, 4\) is \(N, C, D, H, W\), 3 spatial axes, so w "
+                                         r"needs 5 dimensions .* got 4: \(2, 2, 3, 3\); give a kernel of 3 sides"):
+        f(x3, w2, *bias)
+    with pytest.raises(ShapeError, match=rf"{name}: stride must have 2 entries, one per spatial axis of x "
+                                         r"\(1, 2, 5, 5\), got 3: \(1, 1, 1\); pass an int or an 2-tuple"):
+        f(x2, w2, *bias, stride=(1, 1, 1))
+    with pytest.raises(ShapeError, match=rf"{name}: padding must have 4 entries \(lo, hi per spatial axis of x "
+                                         r"\(1, 2, 5, 5\)\), got 2: \(1, 1\)"):
+        f(x2, w2, *bias, padding=(1, 1))
+    with pytest.raises(ShapeError, match=rf"{name}: x must be \(N, C, \*spatial\) with 1, 2 or 3 spatial axes, "
+                                         r"got 6 dimensions"):
+        f(np.zeros((1, 2, 3, 3, 3, 3)), np.zeros((2, 2, 1, 1, 1, 1)), *bias)
+    if name == "conv_transpose":
+        with pytest.raises(ShapeError, match=r"output_padding must have 2 entries"):
+            f(x2, w2, output_padding=(0,))
+
+
+def test_the_2d_spec_entry_points_are_the_generic_specs():
+    """conv2d_spec and friends (2-D defaults) build the rank-generic specs."""
+    from triflux.specs import conv as specs
+    s = specs.conv2d_spec((1, 2, 5, 5), (3, 2, 3, 3), np.float32, np.float32)
+    assert s is specs.conv_spec((1, 2, 5, 5), (3, 2, 3, 3), np.float32, np.float32, (1, 1), (0, 0, 0, 0), (1, 1), 1)
+    assert s.rank == 2 and s.out_shape == (1, 3, 3, 3) and s.lifted.x_shape == (1, 2, 1, 5, 5)
+    t = specs.conv_transpose2d_spec((1, 2, 3, 3), (2, 4, 2, 2), np.float32, np.float32, stride=(2, 2))
+    assert t.rank == 2 and t.out_shape == (1, 4, 6, 6) and t.extra == (0, 0)
+    b = specs.conv2d_bias_act_spec((1, 2, 5, 5), (3, 2, 3, 3), (3,), np.float32, np.float32, np.float32,
+                                   activation="relu")
+    assert b.activation == "relu" and b.out_shape == (1, 3, 3, 3)
+    one = conv_spec((2, 3, 10), (4, 3, 3), np.float64, np.float64, (2,), (1, 0), (1,), 1)
+    assert one.rank == 1 and one.out_shape == (2, 4, 5) and one.lifted.stride == (1, 1, 2)
+    three = conv_transpose_spec((1, 2, 3, 3, 3), (2, 1, 2, 2, 2), np.float32, np.float32, (2, 2, 2), (0,) * 6,
+                                (1, 0, 0), (1, 1, 1), 1)
+    assert three.rank == 3 and three.out_shape == (1, 1, 7, 6, 6) and three.extra == (0, 0, 0)
 
 
 # --- kernels -------------------------------------------------------------------------------
@@ -236,7 +351,8 @@ def _kernels():
 
 def _layout(t, how):
     if how == "transposed":
-        return t.permute(3, 2, 1, 0).contiguous().permute(3, 2, 1, 0)
+        axes = tuple(reversed(range(t.dim())))
+        return t.permute(axes).contiguous().permute(axes)
     if how == "strided":
         wide = torch.empty(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=t.device)
         wide[..., ::2] = t
@@ -247,16 +363,24 @@ def _layout(t, how):
 TOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
+#: the kernel cases: the 2-D ones in every dtype, ranks 1 and 3 in float32 and float16 (the
+#: property suite draws every rank in every dtype)
+KERNEL_CASES = [(op, name, dtype) for op, name in CASES
+                for dtype in ((torch.float32, torch.float16) if name.startswith(("1d", "3d"))
+                              else (torch.float32, torch.float16, torch.float64, torch.bfloat16))]
+
+
 @needs_kernels
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
-@pytest.mark.parametrize("op,name", CASES)
+@pytest.mark.parametrize("op,name,dtype", KERNEL_CASES)
 def test_kernel_matches_torch(op, name, dtype):
     kc, dev = _kernels()
     x, w, g, attrs = _problem(op, name)
     # round the inputs to the dtype; the float64 torch result on those values is exact enough
     xr, wr, gr = (torch.tensor(a).to(dtype).double().numpy() for a in (x, w, g))
     ty, tdx, tdw = _torch_all(op, xr, wr, gr, attrs)
-    layouts = {"same3x3": ("transposed", "strided"), "groups2": ("strided", "transposed")}.get(name, ("contiguous",) * 2)
+    layouts = {"same3x3": ("transposed", "strided"), "groups2": ("strided", "transposed"),
+               "3d_same": ("transposed", "strided"), "1d_stride2_groups2": ("strided", "transposed"),
+               "3d_stride2_up": ("strided", "transposed")}.get(name, ("contiguous",) * 2)
     xt = _layout(torch.tensor(xr).to(dtype).to(dev), layouts[0])
     wt = _layout(torch.tensor(wr).to(dtype).to(dev), layouts[1])
     gt = _layout(torch.tensor(gr).to(dtype).to(dev), layouts[0])
@@ -269,13 +393,15 @@ def test_kernel_matches_torch(op, name, dtype):
 
 #: weight gradients long enough to split on a GPU: (op, x shape, w shape, attributes)
 SPLIT_CASES = {
-    "conv2d 3x3": ("conv2d", (2, 3, 14, 12), (4, 3, 3, 3),
-                   dict(stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)),
-    "conv2d groups2 stride2": ("conv2d", (2, 4, 17, 15), (6, 2, 3, 2),
-                               dict(stride=(2, 1), padding=(1, 0, 0, 1), dilation=(1, 1), groups=2)),
-    "conv_transpose2d stride2": ("conv_transpose2d", (2, 4, 9, 10), (4, 3, 2, 2),
-                                 dict(stride=(2, 2), padding=(0, 0, 0, 0), output_padding=(0, 0), dilation=(1, 1),
-                                      groups=1)),
+    "conv 3x3": ("conv", (2, 3, 14, 12), (4, 3, 3, 3),
+                 dict(stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)),
+    "conv groups2 stride2": ("conv", (2, 4, 17, 15), (6, 2, 3, 2),
+                             dict(stride=(2, 1), padding=(1, 0, 0, 1), dilation=(1, 1), groups=2)),
+    "conv_transpose stride2": ("conv_transpose", (2, 4, 9, 10), (4, 3, 2, 2),
+                               dict(stride=(2, 2), padding=(0, 0, 0, 0), output_padding=(0, 0), dilation=(1, 1),
+                                    groups=1)),
+    "conv 3-D stride2": ("conv", (2, 2, 4, 5, 6), (3, 2, 2, 2, 3),
+                         dict(stride=(2, 1, 1), padding=(1, 1, 0, 1, 0, 2), dilation=(1, 1, 1), groups=1)),
 }
 
 
@@ -321,15 +447,15 @@ def test_int64_pixel_indices(monkeypatch):
     import triton.language as tl
     from triflux.triton_kernels import launch
     monkeypatch.setattr(kc, "_pixel_index_type", lambda num_pixels, block: tl.int64)
-    op, xs, ws, attrs = SPLIT_CASES["conv_transpose2d stride2"]
+    op, xs, ws, attrs = SPLIT_CASES["conv_transpose stride2"]
     x, w = _rand(xs, 41), _rand(ws, 42)
     g = _rand(getattr(ref, f"{op}_forward")(x, w, **attrs).shape, 43)
     expected = _torch_all(op, x, w, g, attrs)
     xt, wt, gt = (torch.tensor(a).to(dev) for a in (x, w, g))
     for interpret in (True, False):         # False: GPU tiles, the weight gradient in splits
         monkeypatch.setattr(launch, "INTERPRET", interpret)
-        y = kc.conv_transpose2d_forward(xt, wt, **attrs)
-        dx, dw = kc.conv_transpose2d_backward(gt, y, xt, wt, **attrs)
+        y = kc.conv_transpose_forward(xt, wt, **attrs)
+        dx, dw = kc.conv_transpose_backward(gt, y, xt, wt, **attrs)
         for a, e, what in zip((y, dx, dw), expected, ("y", "dx", "dw")):
             _close(a.to("cpu").numpy(), e, TOL[torch.float64], f"int64 indices, interpreter tiles {interpret}: {what}")
 
@@ -337,14 +463,14 @@ def test_int64_pixel_indices(monkeypatch):
 #: the convolutions of a UNet(3, 2) (depth 4, 64 base channels) at 2^depth levels below
 #: ``size``: (op, input channels, output channels, kernel, stride, input size)
 def _unet_convs(size):
-    convs = [("conv2d", 3, 64, 3, 1, size), ("conv2d", 64, 2, 1, 1, size)]
+    convs = [("conv", 3, 64, 3, 1, size), ("conv", 64, 2, 1, 1, size)]
     for d in range(5):
         c, s = 64 * 2 ** d, size >> d
-        convs += [("conv2d", c, c, 3, 1, s)]
+        convs += [("conv", c, c, 3, 1, s)]
         if d > 0:
-            convs += [("conv2d", c // 2, c, 3, 1, s),                     # down: the level's first conv
-                      ("conv_transpose2d", c, c // 2, 2, 2, s),            # up, to the level above
-                      ("conv2d", c, c // 2, 3, 1, 2 * s)]                  # the merge after the skip
+            convs += [("conv", c // 2, c, 3, 1, s),                     # down: the level's first conv
+                      ("conv_transpose", c, c // 2, 2, 2, s),            # up, to the level above
+                      ("conv", c, c // 2, 3, 1, 2 * s)]                  # the merge after the skip
     return convs
 
 
@@ -361,14 +487,14 @@ def test_weight_gradients_fill_the_gpu(batch, size, monkeypatch):
     monkeypatch.setattr(launch, "INTERPRET", False)
     for op, cin, cout, k, stride, s in _unet_convs(size):
         pad = (k // 2,) * 4 if stride == 1 else (0,) * 4
-        if op == "conv2d":
+        if op == "conv":
             x, w = torch.empty((batch, cin, s, s)), torch.empty((cout, cin, k, k))
             g = torch.empty((batch, cout, s, s))
-            kc.conv2d_backward(g, None, x, w, padding=pad)
+            kc.conv_backward(g, None, x, w, padding=pad)
         else:
             x, w = torch.empty((batch, cin, s, s)), torch.empty((cin, cout, k, k))
             g = torch.empty((batch, cout, s * stride, s * stride))
-            kc.conv_transpose2d_backward(g, None, x, w, stride=(stride, stride), padding=pad)
+            kc.conv_transpose_backward(g, None, x, w, stride=(stride, stride), padding=pad)
         grids = [grid for kernel, grid in launched if kernel is kc._weight_grad_kernel]
         programs = grids[-1][0] * grids[-1][1] * grids[-1][2]
         assert programs >= 2 * 132, f"{op} {cin}->{cout} {k}x{k} at {s}x{s}, batch {batch}: {programs} programs"
@@ -380,11 +506,13 @@ def test_kernel_errors():
     kc, dev = _kernels()
     x = torch.zeros((1, 4, 5, 5), device=dev)
     with pytest.raises(ShapeError, match="groups=3"):
-        kc.conv2d_forward(x, torch.zeros((2, 3, 3, 3), device=dev), groups=3)
+        kc.conv_forward(x, torch.zeros((2, 3, 3, 3), device=dev), groups=3)
     with pytest.raises(ShapeError, match="smaller than the dilated kernel"):
-        kc.conv2d_forward(torch.zeros((1, 4, 2, 2), device=dev), torch.zeros((2, 4, 3, 3), device=dev))
+        kc.conv_forward(torch.zeros((1, 4, 2, 2), device=dev), torch.zeros((2, 4, 3, 3), device=dev))
     with pytest.raises(DTypeError):
-        kc.conv2d_forward(x, torch.zeros((2, 4, 3, 3), dtype=torch.float64, device=dev))
+        kc.conv_forward(x, torch.zeros((2, 4, 3, 3), dtype=torch.float64, device=dev))
+    with pytest.raises(ShapeError, match="3 spatial axes, so w needs 5 dimensions"):
+        kc.conv_transpose_forward(torch.zeros((1, 4, 3, 3, 3), device=dev), torch.zeros((4, 2, 3, 3), device=dev))
 
 
 @needs_kernels
@@ -396,36 +524,48 @@ def test_kernels_use_torch_only_for_memory():
     a = dict(stride=(2, 1), padding=(1, 1, 0, 2), dilation=(1, 1), groups=2)
     at = dict(stride=(2, 1), padding=(1, 1, 0, 2), output_padding=(1, 0), dilation=(1, 1), groups=2)
 
+    x3 = torch.tensor(_rand((1, 4, 3, 4, 3), 2), dtype=torch.float32).to(dev)
+    w3 = torch.tensor(_rand((4, 2, 2, 3, 2), 3), dtype=torch.float32).to(dev)
+    a3 = dict(stride=(2, 1, 1), padding=(1, 0, 1, 1, 0, 1), dilation=(1, 1, 1), groups=2)
+
     def work():
-        y = kc.conv2d_forward(x.transpose(2, 3).transpose(2, 3), w, **a)
-        kc.conv2d_backward(y, y, x, w, **a)
-        z = kc.conv_transpose2d_forward(x, w, **at)
-        kc.conv_transpose2d_backward(z, z, x, w, **at)
+        y = kc.conv_forward(x.transpose(2, 3).transpose(2, 3), w, **a)
+        kc.conv_backward(y, y, x, w, **a)
+        z = kc.conv_transpose_forward(x, w, **at)
+        kc.conv_transpose_backward(z, z, x, w, **at)
+        y3 = kc.conv_forward(x3, w3, **a3)
+        kc.conv_backward(y3, y3, x3, w3, **a3)
     ops = assert_torch_only_moves_memory(work, "the conv kernels")
     assert "empty.memory_format" in ops
 
 
-# --- conv2d_bias_act: act(conv2d(x, w) + b), fused ---------------------------------------------
+# --- conv_bias_act: act(conv(x, w) + b), fused ---------------------------------------------
 
-#: the activations conv2d_bias_act fuses, as declared with the primitive
+#: the activations conv_bias_act fuses, as declared with the primitive
 ACTS = FUSABLE_ACTIVATIONS
 BIAS_ACT = {
     "groups2": ((2, 4, 5, 6), (6, 2, 3, 2), dict(stride=(1, 2), padding=(1, 0, 0, 1), dilation=(1, 1), groups=2)),
     "stride2": ((2, 2, 7, 6), (3, 2, 3, 3), dict(stride=(2, 2), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)),
     "empty_batch": ((0, 2, 5, 5), (2, 2, 3, 3), dict(stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)),
+    # ranks 1 and 3: the kernels run these with one activation only (the one that stores gz)
+    "1d": ((2, 3, 9), (4, 3, 3), dict(stride=(2,), padding=(1, 2), dilation=(1,), groups=1)),
+    "3d_groups2": ((1, 4, 2, 4, 3), (4, 2, 2, 1, 2), dict(stride=(1, 2, 1), padding=(1, 0, 1, 1, 0, 1),
+                                                          dilation=(1, 1, 2), groups=2)),
 }
+#: the BIAS_ACT names the kernel tests run for every activation
+BIAS_ACT_2D = [name for name in BIAS_ACT if not name.startswith(("1d", "3d"))]
 
 
 def _bias_act_problem(name, act, scale=2.0):
     xs, ws, attrs = BIAS_ACT[name]
     x, w, b = _rand(xs, 11) * scale, _rand(ws, 12), _rand((ws[0],), 13)
-    y = ref.conv2d_bias_act_forward(x, w, b, activation=act, **attrs)
+    y = ref.conv_bias_act_forward(x, w, b, activation=act, **attrs)
     return x, w, b, _rand(y.shape, 14), dict(attrs, activation=act)
 
 
 def _torch_bias_act(x, w, b, g, attrs, dtype=torch.float64):
     ts = [torch.tensor(a, dtype=dtype, requires_grad=True) for a in (x, w, b)]
-    y = oracle.conv2d_bias_act_torch(*ts, **attrs)
+    y = oracle.conv_bias_act_torch(*ts, **attrs)
     y.backward(torch.tensor(g, dtype=dtype))
     return (y.detach().double().numpy(),) + tuple(t.grad.double().numpy() for t in ts)
 
@@ -434,10 +574,10 @@ def _torch_bias_act(x, w, b, g, attrs, dtype=torch.float64):
 @pytest.mark.parametrize("name", list(BIAS_ACT))
 def test_bias_act_reference_matches_torch(name, act):
     x, w, b, g, attrs = _bias_act_problem(name, act)
-    y = ref.conv2d_bias_act_forward(x, w, b, **attrs)
-    dx, dw, db = ref.conv2d_bias_act_backward(g, y, x, w, b, **attrs)
+    y = ref.conv_bias_act_forward(x, w, b, **attrs)
+    dx, dw, db = ref.conv_bias_act_backward(g, y, x, w, b, **attrs)
     for a, e, what in zip((y, dx, dw, db), _torch_bias_act(x, w, b, g, attrs), ("y", "dx", "dw", "db")):
-        _close(a, e, 1e-12, f"conv2d_bias_act {name} {act} reference {what}")
+        _close(a, e, 1e-12, f"conv_bias_act {name} {act} reference {what}")
         assert np.asarray(a).dtype == np.float64
 
 
@@ -445,10 +585,10 @@ def test_bias_act_reference_is_conv2d_then_bias_then_activation():
     """The fused reference equals the unfused composition (and keeps float32)."""
     x, w, b, g, attrs = _bias_act_problem("groups2", "tanh")
     a = {k: v for k, v in attrs.items() if k != "activation"}
-    z = ref.conv2d_forward(x, w, **a) + b.reshape(1, -1, 1, 1)
-    _close(ref.conv2d_bias_act_forward(x, w, b, **attrs), np.tanh(z), 1e-14, "tanh(conv2d + b)")
-    y32 = ref.conv2d_bias_act_forward(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32), **attrs)
-    grads = ref.conv2d_bias_act_backward(g.astype(np.float32), y32, x.astype(np.float32), w.astype(np.float32),
+    z = ref.conv_forward(x, w, **a) + b.reshape(1, -1, 1, 1)
+    _close(ref.conv_bias_act_forward(x, w, b, **attrs), np.tanh(z), 1e-14, "tanh(conv2d + b)")
+    y32 = ref.conv_bias_act_forward(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32), **attrs)
+    grads = ref.conv_bias_act_backward(g.astype(np.float32), y32, x.astype(np.float32), w.astype(np.float32),
                                          b.astype(np.float32), **attrs)
     assert y32.dtype == np.float32 and all(gr.dtype == np.float32 for gr in grads)
 
@@ -467,10 +607,10 @@ def test_relu_at_zero_preactivation_has_zero_derivative_everywhere():
     b = np.array([0.0, 0.0, 1.0])
     attrs = dict(stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, activation="relu")
     g = np.ones((1, 3, 4, 4))
-    y = ref.conv2d_bias_act_forward(x, w, b, **attrs)
+    y = ref.conv_bias_act_forward(x, w, b, **attrs)
     z = np.einsum("nchw,oc->nohw", x, w[:, :, 0, 0]) + b.reshape(1, -1, 1, 1)
     assert np.count_nonzero(z == 0) > 16                 # the case is really at the kink
-    dx, dw, db = ref.conv2d_bias_act_backward(g, y, x, w, b, **attrs)
+    dx, dw, db = ref.conv_bias_act_backward(g, y, x, w, b, **attrs)
     mask = (z > 0).astype(np.float64)                    # relu'(z) = [z > 0]
     np.testing.assert_array_equal(db, (g * mask).sum(axis=(0, 2, 3)))
     ty, tdx, tdw, tdb = _torch_bias_act(x, w, b, g, attrs)
@@ -480,8 +620,8 @@ def test_relu_at_zero_preactivation_has_zero_derivative_everywhere():
         kc, dev = _kernels()
         for dtype in (torch.float32, torch.float16):
             kx, kw, kb, kg = (torch.tensor(a).to(dtype).to(dev) for a in (x, w, b, g))
-            ky = kc.conv2d_bias_act_forward(kx, kw, kb, **attrs)
-            grads = kc.conv2d_bias_act_backward(kg, ky, kx, kw, kb, **attrs)
+            ky = kc.conv_bias_act_forward(kx, kw, kb, **attrs)
+            grads = kc.conv_bias_act_backward(kg, ky, kx, kw, kb, **attrs)
             for a, e, what in zip((ky,) + tuple(grads), (y, dx, dw, db), ("y", "dx", "dw", "db")):
                 np.testing.assert_array_equal(a.to("cpu").double().numpy(), e,
                                               err_msg=f"kernel {dtype} vs reference at relu's kink: {what}")
@@ -490,11 +630,11 @@ def test_relu_at_zero_preactivation_has_zero_derivative_everywhere():
 def test_bias_act_reference_errors():
     x, w, b = np.zeros((1, 2, 5, 5)), np.zeros((3, 2, 3, 3)), np.zeros(3)
     with pytest.raises(ValueError, match="activation must be one of"):
-        ref.conv2d_bias_act_forward(x, w, b, activation="gelu")
+        ref.conv_bias_act_forward(x, w, b, activation="gelu")
     with pytest.raises(ShapeError, match=r"bias must have shape \(3,\)"):
-        ref.conv2d_bias_act_forward(x, w, np.zeros(2))
+        ref.conv_bias_act_forward(x, w, np.zeros(2))
     with pytest.raises(DTypeError, match="bias is float32"):
-        ref.conv2d_bias_act_forward(x, w, np.zeros(3, dtype=np.float32))
+        ref.conv_bias_act_forward(x, w, np.zeros(3, dtype=np.float32))
 
 
 @needs_kernels
@@ -502,24 +642,24 @@ def test_bias_act_reference_errors():
 @pytest.mark.parametrize("act", ACTS)
 def test_bias_act_kernel_matches_torch(act, dtype):
     kc, dev = _kernels()
-    for name in BIAS_ACT:
+    for name in BIAS_ACT if act == "sigmoid" else BIAS_ACT_2D:
         x, w, b, g, attrs = _bias_act_problem(name, act, scale=1.0)
         xr, wr, br, gr = (torch.tensor(a).to(dtype).double().numpy() for a in (x, w, b, g))
         expected = _torch_bias_act(xr, wr, br, gr, attrs)
-        layouts = {"groups2": ("strided", "transposed"), "stride2": ("transposed", "strided")}.get(
-            name, ("contiguous",) * 2)
+        layouts = {"groups2": ("strided", "transposed"), "stride2": ("transposed", "strided"),
+                   "3d_groups2": ("strided", "transposed")}.get(name, ("contiguous",) * 2)
         xt = _layout(torch.tensor(xr).to(dtype).to(dev), layouts[0])
         wt = _layout(torch.tensor(wr).to(dtype).to(dev), layouts[1])
         bt = _layout(torch.tensor(br).to(dtype).to(dev), "strided")
         gt = _layout(torch.tensor(gr).to(dtype).to(dev), layouts[1])
-        y = kc.conv2d_bias_act_forward(xt, wt, bt, **attrs)
-        grads = kc.conv2d_bias_act_backward(gt, y, xt, wt, bt, **attrs)
+        y = kc.conv_bias_act_forward(xt, wt, bt, **attrs)
+        grads = kc.conv_bias_act_backward(gt, y, xt, wt, bt, **attrs)
         # the backward sees y rounded to dtype: sigmoid's y(1 - y) and tanh's 1 - y^2 inherit it
         tol = TOL[dtype] * (1 if act in ("identity", "relu") or dtype in (torch.float32, torch.float64) else 2)
         for a, e, t, what in zip((y,) + tuple(grads), expected, (xt, xt, wt, bt), ("y", "dx", "dw", "db")):
             assert a.dtype == dtype and a.is_contiguous(), f"{what}: {a.dtype}, contiguous {a.is_contiguous()}"
             assert what == "y" or a.shape == t.shape, f"{what}: shape {tuple(a.shape)} != {tuple(t.shape)}"
-            _close(a.detach().to("cpu").double().numpy(), e, tol, f"conv2d_bias_act {name} {act} {dtype} {what}")
+            _close(a.detach().to("cpu").double().numpy(), e, tol, f"conv_bias_act {name} {act} {dtype} {what}")
 
 
 @needs_kernels
@@ -552,11 +692,11 @@ def test_bias_act_kernel_errors():
     kc, dev = _kernels()
     x, w = torch.zeros((1, 2, 5, 5), device=dev), torch.zeros((3, 2, 3, 3), device=dev)
     with pytest.raises(ValueError, match="activation must be one of"):
-        kc.conv2d_bias_act_forward(x, w, torch.zeros(3, device=dev), activation="softplus")
+        kc.conv_bias_act_forward(x, w, torch.zeros(3, device=dev), activation="softplus")
     with pytest.raises(ShapeError, match=r"bias must have shape \(3,\)"):
-        kc.conv2d_bias_act_forward(x, w, torch.zeros((1, 3), device=dev))
+        kc.conv_bias_act_forward(x, w, torch.zeros((1, 3), device=dev))
     with pytest.raises(DTypeError, match="bias is float64"):
-        kc.conv2d_bias_act_forward(x, w, torch.zeros(3, dtype=torch.float64, device=dev))
+        kc.conv_bias_act_forward(x, w, torch.zeros(3, dtype=torch.float64, device=dev))
 
 
 @needs_kernels
@@ -570,9 +710,9 @@ def test_bias_act_kernels_use_torch_only_for_memory():
 
     def work():
         for act in ACTS:
-            y = kc.conv2d_bias_act_forward(x, w, b, activation=act, **a)
-            kc.conv2d_bias_act_backward(y.transpose(2, 3).transpose(2, 3), y, x, w, b, activation=act, **a)
-    assert_torch_only_moves_memory(work, "the conv2d_bias_act kernels")
+            y = kc.conv_bias_act_forward(x, w, b, activation=act, **a)
+            kc.conv_bias_act_backward(y.transpose(2, 3).transpose(2, 3), y, x, w, b, activation=act, **a)
+    assert_torch_only_moves_memory(work, "the conv_bias_act kernels")
 
 
 @pytest.mark.parametrize("name", [p.name for p in REGISTRY.values() if p.fusable_activations])
@@ -628,11 +768,11 @@ def test_conv_layer_records_one_fused_primitive(dev):
     for act, name in ((tf.relu, "relu"), (tf.sigmoid, "sigmoid"), (tf.σ, "sigmoid"), (tf.tanh, "tanh"),
                       (tf.identity, "identity")):
         layer = d(tf.Conv((3, 3), 3, 4, act, pad=1))
-        assert recorded_primitives(layer, x) == ["conv2d_bias_act"], f"Conv with {name}: not fused"
+        assert recorded_primitives(layer, x) == ["conv_bias_act"], f"Conv with {name}: not fused"
     # activations whose derivative needs the input, and no bias: the unfused path
     names = recorded_primitives(d(tf.Conv((3, 3), 3, 4, tf.leakyrelu, pad=1)), x)
-    assert names[0] == "conv2d" and names[-1] == "leakyrelu" and "add" in names, names
-    assert recorded_primitives(d(tf.Conv((3, 3), 3, 4, tf.relu, pad=1, bias=False)), x) == ["conv2d", "relu"]
+    assert names[0] == "conv" and names[-1] == "leakyrelu" and "add" in names, names
+    assert recorded_primitives(d(tf.Conv((3, 3), 3, 4, tf.relu, pad=1, bias=False)), x) == ["conv", "relu"]
 
 
 def test_ops_conv2d_bias_act_checks_and_matches_the_unfused_ops():
@@ -657,9 +797,9 @@ def test_ops_conv2d_bias_act_checks_and_matches_the_unfused_ops():
 
 #: (primitive, inputs' shapes, attrs) for the partial backward: only the gradients asked for
 PARTIAL_CASES = [
-    ("conv2d", ((2, 3, 7, 6), (4, 3, 3, 3)), dict(stride=(1, 1), padding=(1, 1, 1, 1))),
-    ("conv_transpose2d", ((2, 4, 5, 4), (4, 3, 2, 2)), dict(stride=(2, 2))),
-    ("conv2d_bias_act", ((2, 3, 7, 6), (4, 3, 3, 3), (4,)), dict(padding=(1, 1, 1, 1), activation="relu")),
+    ("conv", ((2, 3, 7, 6), (4, 3, 3, 3)), dict(stride=(1, 1), padding=(1, 1, 1, 1))),
+    ("conv_transpose", ((2, 4, 5, 4), (4, 3, 2, 2)), dict(stride=(2, 2))),
+    ("conv_bias_act", ((2, 3, 7, 6), (4, 3, 3, 3), (4,)), dict(padding=(1, 1, 1, 1), activation="relu")),
 ]
 
 

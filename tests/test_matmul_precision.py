@@ -4,8 +4,8 @@ What is checked, and where it can be seen:
 
 * the setting itself: the default "ieee", torch's spellings, the error;
 * ``numerics.dot_kind`` picks DOT_TF32 for float32 operands only, and every
-  GEMM-shaped kernel launch (matmul, dense_bias_act, conv2d, conv_transpose2d,
-  conv2d_bias_act, the recurrent layers; forward and backward) receives it: ``launch.launch``
+  GEMM-shaped kernel launch (matmul, dense_bias_act, conv, conv_transpose,
+  conv_bias_act of any rank, the recurrent layers; forward and backward) receives it: ``launch.launch``
   is replaced by a recorder and the ``DOT`` constexpr of each launch is read;
 * the kernels' dots really read TF32 operands: float32 values whose only
   nonzero bits are among the 13 that TF32 drops come out of a TF32 product
@@ -106,15 +106,16 @@ def _gemm_calls(dtype):
         ("dense_bias_act forward", lambda: matmul.dense_bias_act_forward(t(3, 5, 7), t(9, 7), t(9), activation="relu")),
         ("dense_bias_act backward", lambda: matmul.dense_bias_act_backward(
             t(3, 5, 9), t(3, 5, 9), t(3, 5, 7), t(9, 7), t(9), activation="tanh")),
-        ("conv2d forward", lambda: conv.conv2d_forward(t(2, 4, 9, 9), t(6, 4, 3, 3))),
-        ("conv2d backward", lambda: conv.conv2d_backward(t(2, 6, 7, 7), None, t(2, 4, 9, 9), t(6, 4, 3, 3))),
-        ("conv_transpose2d forward", lambda: conv.conv_transpose2d_forward(
+        ("conv forward", lambda: conv.conv_forward(t(2, 4, 9, 9), t(6, 4, 3, 3))),
+        ("conv backward", lambda: conv.conv_backward(t(2, 6, 7, 7), None, t(2, 4, 9, 9), t(6, 4, 3, 3))),
+        ("conv 3-D backward", lambda: conv.conv_backward(t(1, 3, 2, 3, 2), None, t(1, 2, 3, 4, 3), t(3, 2, 2, 2, 2))),
+        ("conv_transpose forward", lambda: conv.conv_transpose_forward(
             t(2, 4, 5, 5), t(4, 3, 3, 3), stride=(2, 2))),
-        ("conv_transpose2d backward", lambda: conv.conv_transpose2d_backward(
+        ("conv_transpose backward", lambda: conv.conv_transpose_backward(
             t(2, 3, 11, 11), None, t(2, 4, 5, 5), t(4, 3, 3, 3), stride=(2, 2))),
-        ("conv2d_bias_act forward", lambda: conv.conv2d_bias_act_forward(
+        ("conv_bias_act forward", lambda: conv.conv_bias_act_forward(
             t(2, 4, 9, 9), t(6, 4, 3, 3), t(6), activation="relu")),
-        ("conv2d_bias_act backward", lambda: conv.conv2d_bias_act_backward(
+        ("conv_bias_act backward", lambda: conv.conv_bias_act_backward(
             t(2, 6, 7, 7), t(2, 6, 7, 7), t(2, 4, 9, 9), t(6, 4, 3, 3), t(6), activation="relu")),
         ("lstm forward", lambda: rnn.lstm_sequence_forward(
             t(N, L, In), t(N, H), t(N, H), t(4 * H, In), t(4 * H, H), t(4 * H), t(4 * H))),
@@ -213,10 +214,10 @@ def test_tf32_dots_drop_the_low_bits(precision, tf32_interpreter, kernel_device)
         "matmul forward": (lambda: [matmul.matmul_forward(t(M, K), t(K, M))], K),
         # both gradients sum over M products: dA = G B^T, dB = A^T G
         "matmul backward": (lambda: list(matmul.matmul_backward(t(M, M), None, t(M, K), t(K, M))), M),
-        "conv2d forward": (lambda: [conv.conv2d_forward(t(2, 4, 6, 6), t(5, 4, 3, 3))], 4 * 3 * 3),
+        "conv forward": (lambda: [conv.conv_forward(t(2, 4, 6, 6), t(5, 4, 3, 3))], 4 * 3 * 3),
         # the weight gradient sums over the 2 * 4 * 4 output pixels
-        "conv2d weight gradient": (lambda: [conv.conv2d_backward(t(2, 5, 4, 4), None, t(2, 4, 6, 6),
-                                                                 t(5, 4, 3, 3))[1]], 2 * 4 * 4),
+        "conv weight gradient": (lambda: [conv.conv_backward(t(2, 5, 4, 4), None, t(2, 4, 6, 6),
+                                                             t(5, 4, 3, 3))[1]], 2 * 4 * 4),
     }
     for mode in ("tf32", "ieee"):
         precision(mode)
@@ -234,7 +235,7 @@ def test_tf32_dots_drop_the_low_bits(precision, tf32_interpreter, kernel_device)
 # --- the property suite with the TF32 row --------------------------------------------------------
 
 @requires_kernels
-@pytest.mark.parametrize("name", ["matmul", "dense_bias_act", "conv2d", "conv_transpose2d", "conv2d_bias_act"])
+@pytest.mark.parametrize("name", ["matmul", "dense_bias_act", "conv", "conv_transpose", "conv_bias_act"])
 def test_tf32_kernels_match_the_reference_within_the_tf32_row(name, precision, tf32_interpreter,
                                                              monkeypatch, kernel_device):
     """The property suite's float32 forward and backward comparisons, with the
@@ -254,7 +255,7 @@ def test_tf32_kernels_match_the_reference_within_the_tf32_row(name, precision, t
 # --- the compiled code -----------------------------------------------------------------------------
 
 #: the host calls whose kernels are compiled (each kernel of them, sm_80 and sm_90)
-COMPILED_CALLS = ("matmul forward", "conv2d backward", "lstm forward")
+COMPILED_CALLS = ("matmul forward", "conv backward", "lstm forward")
 
 
 def _worker():

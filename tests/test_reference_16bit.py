@@ -97,15 +97,15 @@ def test_matmul_sums_in_float32(dtype, shape_a, shape_b, transposed):
 
 @pytest.mark.parametrize("dtype", HALF)
 def test_conv_bias_gradient_sums_in_float32(dtype):
-    """conv2d_bias_act's db = sum over (n, p, q) of G: 4 * 20 * 20 = 1600 terms."""
+    """conv_bias_act's db = sum over (n, p, q) of G: 4 * 20 * 20 = 1600 terms."""
     dt = tfd.as_dtype(dtype)
     x = _positive((4, 2, 22, 22), 5, dtype)
     w = _positive((3, 2, 3, 3), 6, dtype)
     b = np.zeros(3, dt)
-    y = rconv.conv2d_bias_act_forward(x, w, b)
+    y = rconv.conv_bias_act_forward(x, w, b)
     g = _positive(y.shape, 7, dtype)
-    _, _, db = rconv.conv2d_bias_act_backward(g, y, x, w, b)
-    _assert_rounded_once(db, g.astype(np.float64).sum(axis=(0, 2, 3)), dtype, "conv2d_bias_act bias gradient")
+    _, _, db = rconv.conv_bias_act_backward(g, y, x, w, b)
+    _assert_rounded_once(db, g.astype(np.float64).sum(axis=(0, 2, 3)), dtype, "conv_bias_act bias gradient")
 
 
 @pytest.mark.parametrize("dev", DEVICES)

@@ -12,7 +12,7 @@ tensor cores in TF32 ("tf32"), like ``torch.set_float32_matmul_precision``.
 
 The setting is process-wide and read at each launch, so it applies from the
 next call on. It changes the float32 dots of every GEMM-shaped kernel: matmul,
-conv2d, conv_transpose2d and conv2d_bias_act (forward and gradients) and the recurrent
+conv, conv_transpose and conv_bias_act of any rank (forward and gradients) and the recurrent
 layers' matrix products. float64 products, 16-bit products (tensor cores
 already) and the CPU reference are unchanged. The Triton interpreter
 (``TRITON_INTERPRET=1``) runs the kernels with the TF32 dot but computes

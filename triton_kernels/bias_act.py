@@ -1,5 +1,5 @@
 """The backward of a fused bias and activation, y = act(z + b[o]), Triton
-kernels shared by conv2d_bias_act (NCHW, the bias per channel o) and
+kernels shared by conv_bias_act ((N, O, *spatial), the bias per channel o) and
 dense_bias_act ((rows, O), the bias per column o, as N = rows images of
 1 x 1 pixels):
 
@@ -92,22 +92,39 @@ def sum_splits(partial_sums, total):
     return total
 
 
+def _as_4d(t):
+    """An (N, O, *spatial) tensor of 1 to 3 spatial axes as (N, O, Ho, Wo): a
+    view (the depth and height of a 3-D one merged where its strides allow,
+    else a dense copy)."""
+    if t.dim() == 4:
+        return t
+    if t.dim() == 3:
+        return t.unsqueeze(2)
+    N, O, D, H, W = t.shape
+    try:
+        return t.view(N, O, D * H, W)
+    except RuntimeError:
+        return copy.contiguous(t).view(N, O, D * H, W)
+
+
 def act_grad_and_bias_grad(grad, out, b, activation):
-    """(gz, db) for the output y = ``out`` (N, O, Ho, Wo) and its gradient G =
-    ``grad`` (a (rows, O) matrix as (rows, O, 1, 1)): gz = G * act'(y) as a
+    """(gz, db) for the output y = ``out`` (N, O, *spatial) (conv_bias_act of
+    any rank, read as (N, O, Ho, Wo)) and its gradient G = ``grad`` (a
+    (rows, O) matrix as (rows, O, 1, 1)): gz = G * act'(y) as a
     new dense tensor (G itself for identity; relu in G's dtype, sigmoid/tanh
     in the compute type) and db = its per-channel sum in b's dtype, in one
     pass over G and y (float32/float64 accumulation, no atomics: with several
     splits per channel, partial sums and a second small launch);
     ``activation`` an ACTIVATION code."""
-    N, O, HO, WO = out.shape
-    NPIX, NM = HO * WO, N * HO * WO
     store = activation != ACT_IDENTITY.value
     acc_dtype = torch.float64 if out.dtype == torch.float64 else torch.float32
     # relu's gz is exactly G or 0 in G's dtype; sigmoid's and tanh's is kept in
     # the compute type (float32 for half precision), not rounded before the products
     gz_dtype = grad.dtype if activation == ACT_RELU.value else acc_dtype
     gz = launch.empty(tuple(out.shape), gz_dtype, out.device) if store else grad
+    grad, out = _as_4d(grad), _as_4d(out)
+    N, O, HO, WO = out.shape
+    NPIX, NM = HO * WO, N * HO * WO
     if O == 0:
         return gz, launch.empty((0,), b.dtype, b.device)
     if NM == 0:

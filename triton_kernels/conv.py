@@ -1,39 +1,45 @@
-"""Convolutions, Triton kernels (forward and backward).
+"""Convolutions of any spatial rank, Triton kernels (forward and backward).
 
-Implicit GEMM, no im2col in device memory. Two kernels do everything:
+Implicit GEMM, no im2col in device memory. Every rank runs in one canonical
+3-D geometry (D, H, W): a 1-D or 2-D conv has size-1 axes in front (kernel 1,
+stride 1, no padding), and the kernels' ``DEPTH`` constexpr (true for R = 3
+only) leaves the depth axis out of the arithmetic, so a 2-D launch compiles to
+the 2-D kernel it was (Triton also specializes the size-1 ints to constants).
+Two kernels do everything:
 
 * ``_gather_conv_kernel``: one program computes a tile of BLOCK_SIZE_PIXELS
-  output pixels (n, p, q flattened) x BLOCK_SIZE_CHANNELS output channels of
-  one group, looping over the reduction tap-major: for each tap (i, j), over
-  the input channels of the group, BLOCK_SIZE_REDUCTION at a time. The
-  pixels x channels operand is gathered from the input on the fly (zero
-  padding by masks, computed once per pixel and tap), the channels x output
-  channels operand read from the weight through its strides, and the two
-  multiplied with ``numerics.dot``. With ``TRANSPOSED`` the gather is the
-  one of a transposed convolution (input pixel ``(p + top - i*dh) / sh``
-  where that divides exactly): conv2d's input gradient and
-  conv_transpose2d's forward. Its programs then take the output pixels one
-  phase (p mod sh, q mod sw) at a time, for which each tap divides for all
-  pixels or for none: a tap that never divides is skipped, not masked.
-* ``_weight_grad_kernel``: conv2d's weight gradient, a tile of output
-  channels x (c', i, j) weight entries of one group reduced over the
-  N x Ho x Wo output pixels, BLOCK_SIZE_PIXELS at a time. When the tiles
-  are fewer than the GPU has room for, the pixels are split (split-K): each
-  program sums one range of them into a float32 (float64) partial weight
-  gradient, and ``bias_act.sum_splits`` adds the partial sums in a second
-  pass, rounding once to the weight's dtype (no atomics: the result is the
-  same on every run).
+  output positions (n, r, p, q flattened) x BLOCK_SIZE_CHANNELS output
+  channels of one group, looping over the reduction tap-major: for each tap
+  (a, i, j), over the input channels of the group, BLOCK_SIZE_REDUCTION at a
+  time. The positions x channels operand is gathered from the input on the
+  fly (zero padding by masks, computed once per position and tap), the
+  channels x output channels operand read from the weight through its
+  strides, and the two multiplied with ``numerics.dot``. With ``TRANSPOSED``
+  the gather is the one of a transposed convolution (input position
+  ``(p + top - i*dh) / sh`` where that divides exactly, on each axis): conv's
+  input gradient and conv_transpose's forward. Its programs then take the
+  output positions one phase (each position modulo the stride) at a time,
+  for which each tap divides for all positions or for none: a tap that never
+  divides is skipped, not masked.
+* ``_weight_grad_kernel``: conv's weight gradient, a tile of output
+  channels x (c', a, i, j) weight entries of one group reduced over the
+  N x Do x Ho x Wo output positions, BLOCK_SIZE_PIXELS at a time. When the
+  tiles are fewer than the GPU has room for, the positions are split
+  (split-K): each program sums one range of them into a float32 (float64)
+  partial weight gradient, and ``bias_act.sum_splits`` adds the partial sums
+  in a second pass, rounding once to the weight's dtype (no atomics: the
+  result is the same on every run).
 
-conv2d_bias_act is the forward kernel with ``HAS_BIAS`` and an
-``ACTIVATION`` (numerics.ACT_IDENTITY, ACT_RELU, ACT_SIGMOID, ACT_TANH) applied to the
-accumulator in the epilogue, before the one store (the plain conv2d passes
+conv_bias_act is the forward kernel with ``HAS_BIAS`` and an ``ACTIVATION``
+(numerics.ACT_IDENTITY, ACT_RELU, ACT_SIGMOID, ACT_TANH) applied to the
+accumulator in the epilogue, before the one store (the plain conv passes
 HAS_BIAS=False, ACT_IDENTITY). Its backward is one pass of
 ``bias_act.act_grad_and_bias_grad`` (gz = G * act'(y) from the output y, and
 the per-channel sums of gz for the bias, split on the GPU when there are
-many pixels: no atomics), then the two kernels above on gz.
+many positions: no atomics), then the two kernels above on gz.
 
-conv_transpose2d is conv2d's adjoint, so it reuses them as in the reference:
-forward = conv2d's input gradient, dx = conv2d forward, dw = conv2d weight
+conv_transpose is conv's adjoint, so it reuses them as in the reference:
+forward = conv's input gradient, dx = conv forward, dw = conv weight
 gradient with the roles of input and output gradient exchanged.
 
 Dots: ``numerics.dot`` of the kind ``numerics.dot_kind`` picks for the
@@ -43,15 +49,16 @@ products). Shapes and attributes are checked, and the output shape
 derived, by the family's spec (``triflux.specs.conv``). Inputs are read
 through their strides (any layout); outputs are new dense tensors.
 
-Pixel indices are int32 where they fit (int64 beyond), so the per-pixel
-(n, p, q) division is a 32-bit one; addresses are int64 and split into a part
+Position indices are int32 where they fit (int64 beyond), so the per-position
+(n, r, p, q) division is a 32-bit one; addresses are int64 and split into a part
 per pixel and a part per channel or weight entry. The GPU tiles are chosen per
 dot kind so that no specialization spills registers (``_GATHER_TILES``,
-``_WEIGHT_GRAD_TILES``); with ``set_autotune(True)`` the gather kernel's
+``_WEIGHT_GRAD_TILES``, ``FEW_OUT_CHANNELS``); with ``set_autotune(True)`` the gather kernel's
 tile is measured on a real GPU instead (``triton_kernels.tuning``). A faster
 version would need: the weight gradient's tiles and splits tuned per GPU,
 channels-last layouts, and pipelined 16-bit operand loads.
 """
+import math
 from functools import lru_cache
 
 import torch
@@ -63,7 +70,7 @@ from .bias_act import act_grad_and_bias_grad, sum_splits
 from .numerics import ACT_IDENTITY, ACTIVATION_CODES, DOT_FP64, DOT_NATIVE, dot, dot_kind, store_value
 from ..autotuning import get_autotune
 from ..errors import DTypeError
-from ..specs.conv import conv2d_bias_act_spec, conv2d_spec, conv_transpose2d_spec
+from ..specs.conv import conv_bias_act_spec, conv_spec, conv_transpose_spec
 
 @triton.jit
 def _bias_act(acc, bias, out_channel, bias_stride, channel_mask, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
@@ -76,66 +83,102 @@ def _bias_act(acc, bias, out_channel, bias_stride, channel_mask, HAS_BIAS: tl.co
 
 
 @triton.jit
-def _split_pixels(m, out_height, out_width):
-    """(n, p, q) of the flattened output pixels m = (n*out_height + p)*out_width + q."""
-    n = m // (out_height * out_width)
-    rem = m % (out_height * out_width)
-    return n, rem // out_width, rem % out_width
+def _split_pixels(m, out_depth, out_height, out_width, DEPTH: tl.constexpr):
+    """(n, r, p, q) of the flattened output positions m = ((n*out_depth + r)*out_height + p)*out_width + q
+    (r = 0 without DEPTH, whose out_depth is 1: no division for it)."""
+    plane = out_height * out_width
+    if DEPTH:
+        n = m // (out_depth * plane)
+        rem = m % (out_depth * plane)
+        r = rem // plane
+        rem = rem % plane
+    else:
+        n = m // plane
+        rem = m % plane
+        r = tl.zeros_like(m)
+    return n, r, rem // out_width, rem % out_width
+
+
+@triton.jit
+def _split_tap(tap, KERNEL_HEIGHT: tl.constexpr, KERNEL_WIDTH: tl.constexpr, DEPTH: tl.constexpr):
+    """(a, i, j) of the flattened kernel tap (a*KERNEL_HEIGHT + i)*KERNEL_WIDTH + j (divisions by constants)."""
+    j = tap % KERNEL_WIDTH
+    rest = tap // KERNEL_WIDTH
+    if DEPTH:
+        i = rest % KERNEL_HEIGHT
+        a = rest // KERNEL_HEIGHT
+    else:
+        i = rest
+        a = rest * 0
+    return a, i, j
 
 
 # --- the kernels -----------------------------------------------------------------------------
 
 @triton.jit
 def _gather_conv_kernel(x, w, y, bias, bias_stride,
-                        in_height, in_width, out_height, out_width, batch,
-                        reduce_channels, out_channels_per_group, phase_rows, phase_cols,
-                        x_batch_stride, x_channel_stride, x_height_stride, x_width_stride,
+                        in_depth, in_height, in_width, out_depth, out_height, out_width, batch,
+                        reduce_channels, out_channels_per_group, phase_depths, phase_rows, phase_cols,
+                        x_batch_stride, x_channel_stride, x_depth_stride, x_height_stride, x_width_stride,
                         w_group_stride, w_out_channel_stride, w_reduce_channel_stride,
-                        w_height_stride, w_width_stride,
-                        y_batch_stride, y_channel_stride, y_height_stride, y_width_stride,
-                        stride_height, stride_width, pad_top, pad_left, dilation_height, dilation_width,
-                        KERNEL_HEIGHT: tl.constexpr, KERNEL_WIDTH: tl.constexpr, TRANSPOSED: tl.constexpr,
-                        PIXEL_INDEX_TYPE: tl.constexpr,
+                        w_depth_stride, w_height_stride, w_width_stride,
+                        y_batch_stride, y_channel_stride, y_depth_stride, y_height_stride, y_width_stride,
+                        stride_depth, stride_height, stride_width, pad_front, pad_top, pad_left,
+                        dilation_depth, dilation_height, dilation_width,
+                        KERNEL_DEPTH: tl.constexpr, KERNEL_HEIGHT: tl.constexpr, KERNEL_WIDTH: tl.constexpr,
+                        DEPTH: tl.constexpr, TRANSPOSED: tl.constexpr, PIXEL_INDEX_TYPE: tl.constexpr,
                         BLOCK_SIZE_PIXELS: tl.constexpr, BLOCK_SIZE_CHANNELS: tl.constexpr,
                         BLOCK_SIZE_REDUCTION: tl.constexpr, DOT: tl.constexpr, INTERP: tl.constexpr,
                         HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
-    """y[n, g*Cout + c, p, q] = act(sum_{r < R, i, j} x[n, g*R + r, h, v] * w(g, c, r, i, j) + bias[g*Cout + c])
+    """y[n, g*Cout + c, r, p, q] = act(sum_{k < K, a, i, j} x[n, g*K + k, e, h, v] * w(g, c, k, a, i, j) + bias[g*Cout + c])
 
-    with R = reduce_channels, Cout = out_channels_per_group, g the group,
+    the canonical 3-D geometry of every rank (a 1-D or 2-D conv has size-1
+    axes in front, and without DEPTH the depth axis is left out of the
+    arithmetic altogether), with K = reduce_channels, Cout = out_channels_per_group, g the group,
     forward:    h = p*stride_height - pad_top + i*dilation_height      (valid when 0 <= h < in_height)
     TRANSPOSED: h = (p + pad_top - i*dilation_height) / stride_height  (valid when it divides and 0 <= h < in_height)
-    (v likewise along the width); w(g, c, r, i, j) read at w + g*w_group_stride + c*w_out_channel_stride
-    + r*w_reduce_channel_stride + i*w_height_stride + j*w_width_stride. The bias term only with
-    HAS_BIAS (bias[k] at bias + k*bias_stride); act by ACTIVATION (see _bias_act).
+    (e along the depth and v along the width likewise); w(g, c, k, a, i, j) read at w + g*w_group_stride
+    + c*w_out_channel_stride + k*w_reduce_channel_stride + a*w_depth_stride + i*w_height_stride
+    + j*w_width_stride. The bias term only with HAS_BIAS (bias[o] at bias + o*bias_stride); act by
+    ACTIVATION (see _bias_act).
 
-    Tap-major: the reduction runs over the taps (i, j), and for each tap over
-    the channels r, BLOCK_SIZE_REDUCTION at a time, so (h, v) and their masks
-    are per pixel, not per pixel and reduction entry. A program's pixels share
-    one phase (p mod phase_rows, q mod phase_cols): program axis 2 is
-    g*phase_rows*phase_cols + phase, and the program's pixels are
-    p = p'*phase_rows + phase_row (q likewise) for (n, p', q') flattened on
-    axis 0. A TRANSPOSED conv gets phase_rows = stride_height (and
-    phase_cols = stride_width): within a phase the divisibility of each tap is
-    the same for every pixel, taps that never divide are skipped, and
-    h = p' + (phase_row + pad_top - i*dilation_height) / stride_height.
+    Tap-major: the reduction runs over the taps (a, i, j), and for each tap over
+    the channels k, BLOCK_SIZE_REDUCTION at a time, so (e, h, v) and their masks
+    are per output position, not per position and reduction entry. A program's
+    positions share one phase (r mod phase_depths, p mod phase_rows, q mod phase_cols):
+    program axis 2 is g*phases + phase, and the program's positions are
+    p = p'*phase_rows + phase_row (r, q likewise) for (n, r', p', q') flattened on
+    axis 0. A TRANSPOSED conv gets the strides as phases: within a phase the
+    divisibility of each tap is the same for every position, taps that never
+    divide are skipped, and h = p' + (phase_row + pad_top - i*dilation_height) / stride_height.
     """
     pid_pixels = tl.program_id(0)
     pid_channels = tl.program_id(1)
-    phases = phase_rows * phase_cols
+    phases = phase_depths * phase_rows * phase_cols
     group = (tl.program_id(2) // phases).to(tl.int64)
     phase = tl.program_id(2) % phases
-    phase_row = phase // phase_cols
     phase_col = phase % phase_cols
+    if DEPTH:
+        phase_row = (phase // phase_cols) % phase_rows
+        phase_depth = phase // (phase_cols * phase_rows)
+        sub_depth = (out_depth - phase_depth + phase_depths - 1) // phase_depths
+    else:
+        phase_row = phase // phase_cols
+        phase_depth = 0
+        sub_depth = 1
     sub_height = (out_height - phase_row + phase_rows - 1) // phase_rows    # rows p of this phase
     sub_width = (out_width - phase_col + phase_cols - 1) // phase_cols
-    num_pixels = batch * sub_height * sub_width
+    num_pixels = batch * sub_depth * sub_height * sub_width
     pixel = pid_pixels.to(PIXEL_INDEX_TYPE) * BLOCK_SIZE_PIXELS + tl.arange(0, BLOCK_SIZE_PIXELS)
     pixel_mask = pixel < num_pixels
-    # (a phase can have no pixels: an output smaller than the stride)
+    # (a phase can have no positions: an output smaller than the stride)
     sub_height = tl.maximum(sub_height, 1)
     sub_width = tl.maximum(sub_width, 1)
+    if DEPTH:
+        sub_depth = tl.maximum(sub_depth, 1)
     pixel = tl.minimum(pixel, tl.maximum(num_pixels - 1, 0))
-    n, p_sub, q_sub = _split_pixels(pixel, sub_height, sub_width)
+    n, r_sub, p_sub, q_sub = _split_pixels(pixel, sub_depth, sub_height, sub_width, DEPTH)
+    r = r_sub * phase_depths + phase_depth
     p = p_sub * phase_rows + phase_row
     q = q_sub * phase_cols + phase_col
     channel = pid_channels * BLOCK_SIZE_CHANNELS + tl.arange(0, BLOCK_SIZE_CHANNELS)
@@ -146,57 +189,72 @@ def _gather_conv_kernel(x, w, y, bias, bias_stride,
         acc = tl.zeros((BLOCK_SIZE_PIXELS, BLOCK_SIZE_CHANNELS), dtype=tl.float32)
     x_image = x + n.to(tl.int64) * x_batch_stride + group * reduce_channels * x_channel_stride
     w_channel = w + group * w_group_stride + channel * w_out_channel_stride
-    for tap in range(0, KERNEL_HEIGHT * KERNEL_WIDTH):
-        i = tap // KERNEL_WIDTH
-        j = tap % KERNEL_WIDTH
+    for tap in range(0, KERNEL_DEPTH * KERNEL_HEIGHT * KERNEL_WIDTH):
+        a, i, j = _split_tap(tap, KERNEL_HEIGHT, KERNEL_WIDTH, DEPTH)
         if TRANSPOSED:
             rows_back = phase_row + pad_top - i * dilation_height
             cols_back = phase_col + pad_left - j * dilation_width
             divides = (rows_back % stride_height == 0) & (cols_back % stride_width == 0)
             h = p_sub + rows_back // stride_height
             v = q_sub + cols_back // stride_width
-            reduce_end = tl.where(divides, reduce_channels, 0)   # a tap no pixel of the phase reaches: no loop
+            if DEPTH:
+                depths_back = phase_depth + pad_front - a * dilation_depth
+                divides = divides & (depths_back % stride_depth == 0)
+                e = r_sub + depths_back // stride_depth
+            reduce_end = tl.where(divides, reduce_channels, 0)   # a tap no position of the phase reaches: no loop
         else:
             h = p * stride_height - pad_top + i * dilation_height
             v = q * stride_width - pad_left + j * dilation_width
+            if DEPTH:
+                e = r * stride_depth - pad_front + a * dilation_depth
             reduce_end = reduce_channels
         ok = (h >= 0) & (h < in_height) & (v >= 0) & (v < in_width) & pixel_mask
         x_pixel = x_image + h.to(tl.int64) * x_height_stride + v.to(tl.int64) * x_width_stride
         w_tap = w_channel + i * w_height_stride + j * w_width_stride
-        for r0 in range(0, reduce_end, BLOCK_SIZE_REDUCTION):
-            r = r0 + tl.arange(0, BLOCK_SIZE_REDUCTION)
-            r_mask = r < reduce_channels
-            a = tl.load(x_pixel[:, None] + r[None, :].to(tl.int64) * x_channel_stride,
-                        mask=ok[:, None] & r_mask[None, :], other=0.0)
-            b = tl.load(w_tap[None, :] + r[:, None] * w_reduce_channel_stride,
-                        mask=r_mask[:, None] & channel_mask[None, :], other=0.0)
-            acc = dot(acc, a, b, DOT)
+        if DEPTH:
+            ok = ok & (e >= 0) & (e < in_depth)
+            x_pixel += e.to(tl.int64) * x_depth_stride
+            w_tap += a * w_depth_stride
+        for k0 in range(0, reduce_end, BLOCK_SIZE_REDUCTION):
+            k = k0 + tl.arange(0, BLOCK_SIZE_REDUCTION)
+            k_mask = k < reduce_channels
+            lhs = tl.load(x_pixel[:, None] + k[None, :].to(tl.int64) * x_channel_stride,
+                          mask=ok[:, None] & k_mask[None, :], other=0.0)
+            rhs = tl.load(w_tap[None, :] + k[:, None] * w_reduce_channel_stride,
+                          mask=k_mask[:, None] & channel_mask[None, :], other=0.0)
+            acc = dot(acc, lhs, rhs, DOT)
     out_channel = group * out_channels_per_group + channel
     acc = _bias_act(acc, bias, out_channel, bias_stride, channel_mask, HAS_BIAS, ACTIVATION)
     y_pixel = (y + n.to(tl.int64) * y_batch_stride + p.to(tl.int64) * y_height_stride
                + q.to(tl.int64) * y_width_stride)
+    if DEPTH:
+        y_pixel += r.to(tl.int64) * y_depth_stride
     tl.store(y_pixel[:, None] + out_channel[None, :] * y_channel_stride, store_value(acc, y.dtype.element_ty, INTERP),
              mask=pixel_mask[:, None] & channel_mask[None, :])
 
 
 @triton.jit
-def _weight_grad_kernel(x, g, dw, in_height, in_width, out_height, out_width, num_pixels, num_splits, groups,
-                        in_channels_per_group, out_channels_per_group,
-                        x_batch_stride, x_channel_stride, x_height_stride, x_width_stride,
-                        g_batch_stride, g_channel_stride, g_height_stride, g_width_stride,
-                        dw_split_stride, dw_out_channel_stride, dw_in_channel_stride, dw_height_stride,
-                        dw_width_stride,
-                        stride_height, stride_width, pad_top, pad_left, dilation_height, dilation_width,
-                        KERNEL_HEIGHT: tl.constexpr, KERNEL_WIDTH: tl.constexpr, PIXEL_INDEX_TYPE: tl.constexpr,
+def _weight_grad_kernel(x, g, dw, in_depth, in_height, in_width, out_depth, out_height, out_width, num_pixels,
+                        num_splits, groups, in_channels_per_group, out_channels_per_group,
+                        x_batch_stride, x_channel_stride, x_depth_stride, x_height_stride, x_width_stride,
+                        g_batch_stride, g_channel_stride, g_depth_stride, g_height_stride, g_width_stride,
+                        dw_split_stride, dw_out_channel_stride, dw_in_channel_stride, dw_depth_stride,
+                        dw_height_stride, dw_width_stride,
+                        stride_depth, stride_height, stride_width, pad_front, pad_top, pad_left,
+                        dilation_depth, dilation_height, dilation_width,
+                        KERNEL_DEPTH: tl.constexpr, KERNEL_HEIGHT: tl.constexpr, KERNEL_WIDTH: tl.constexpr,
+                        DEPTH: tl.constexpr, PIXEL_INDEX_TYPE: tl.constexpr,
                         BLOCK_SIZE_CHANNELS: tl.constexpr, BLOCK_SIZE_ENTRIES: tl.constexpr,
                         BLOCK_SIZE_PIXELS: tl.constexpr, DOT: tl.constexpr, INTERP: tl.constexpr):
-    """dw[s, g*Cout + o, c, i, j] = sum_{m = (n, p, q) of split s} g[n, g*Cout + o, p, q] * x[n, g*Cin + c, h, v],
-    h = p*stride_height - pad_top + i*dilation_height (v likewise), x read as zero outside its
-    bounds; Cout, Cin the channels per group, g the group. The num_pixels = N*out_height*out_width
-    pixels m are cut into num_splits ranges [s*num_pixels // num_splits, (s+1)*num_pixels // num_splits)
-    (split-K: the sum over s is a second pass; with one split dw is the weight gradient itself).
-    A program computes BLOCK_SIZE_CHANNELS output channels x BLOCK_SIZE_ENTRIES weight entries
-    (c, i, j) of one group and one split (program axis 2 = s*groups + g)."""
+    """dw[s, g*Cout + o, c, a, i, j] = sum_{m = (n, r, p, q) of split s} g[n, g*Cout + o, r, p, q] * x[n, g*Cin + c, e, h, v],
+    h = p*stride_height - pad_top + i*dilation_height (e, v likewise), x read as zero outside its
+    bounds; Cout, Cin the channels per group, g the group; the canonical 3-D geometry of every
+    rank (without DEPTH the depth axis is left out of the arithmetic). The num_pixels =
+    N*out_depth*out_height*out_width positions m are cut into num_splits ranges
+    [s*num_pixels // num_splits, (s+1)*num_pixels // num_splits) (split-K: the sum over s is a
+    second pass; with one split dw is the weight gradient itself). A program computes
+    BLOCK_SIZE_CHANNELS output channels x BLOCK_SIZE_ENTRIES weight entries (c, a, i, j) of one
+    group and one split (program axis 2 = s*groups + g)."""
     pid_channels = tl.program_id(0)
     pid_entries = tl.program_id(1)
     group = (tl.program_id(2) % groups).to(tl.int64)
@@ -204,18 +262,19 @@ def _weight_grad_kernel(x, g, dw, in_height, in_width, out_height, out_width, nu
     channel = pid_channels * BLOCK_SIZE_CHANNELS + tl.arange(0, BLOCK_SIZE_CHANNELS)
     channel_mask = channel < out_channels_per_group
     entry = pid_entries * BLOCK_SIZE_ENTRIES + tl.arange(0, BLOCK_SIZE_ENTRIES)
-    entry_mask = entry < in_channels_per_group * KERNEL_HEIGHT * KERNEL_WIDTH
-    c = entry // (KERNEL_HEIGHT * KERNEL_WIDTH)
-    tap = entry % (KERNEL_HEIGHT * KERNEL_WIDTH)
-    i = tap // KERNEL_WIDTH
-    j = tap % KERNEL_WIDTH
+    entry_mask = entry < in_channels_per_group * KERNEL_DEPTH * KERNEL_HEIGHT * KERNEL_WIDTH
+    c = entry // (KERNEL_DEPTH * KERNEL_HEIGHT * KERNEL_WIDTH)
+    a, i, j = _split_tap(entry % (KERNEL_DEPTH * KERNEL_HEIGHT * KERNEL_WIDTH), KERNEL_HEIGHT, KERNEL_WIDTH, DEPTH)
     out_channel = group * out_channels_per_group + channel
     tap_rows = i * dilation_height      # h = (p*stride_height - pad_top) + tap_rows
     tap_cols = j * dilation_width
-    # the addresses split into a part per pixel and a part per channel or entry
+    # the addresses split into a part per position and a part per channel or entry
     g_channel = g + out_channel * g_channel_stride
     x_entry = (x + (group * in_channels_per_group + c) * x_channel_stride + tap_rows.to(tl.int64) * x_height_stride
                + tap_cols.to(tl.int64) * x_width_stride)
+    if DEPTH:
+        tap_depths = a * dilation_depth
+        x_entry += tap_depths.to(tl.int64) * x_depth_stride
     m_lo = (split * num_pixels // num_splits).to(PIXEL_INDEX_TYPE)
     m_hi = ((split + 1) * num_pixels // num_splits).to(PIXEL_INDEX_TYPE)
     if DOT == DOT_FP64:
@@ -225,21 +284,30 @@ def _weight_grad_kernel(x, g, dw, in_height, in_width, out_height, out_width, nu
     for m0 in range(m_lo, m_hi, BLOCK_SIZE_PIXELS):
         pixel = m0 + tl.arange(0, BLOCK_SIZE_PIXELS)
         pixel_mask = pixel < m_hi
-        n, p, q = _split_pixels(pixel, out_height, out_width)
+        n, r, p, q = _split_pixels(pixel, out_depth, out_height, out_width, DEPTH)
         n = n.to(tl.int64)
-        a = tl.load(g_channel[:, None] + (n * g_batch_stride + p.to(tl.int64) * g_height_stride
-                                          + q.to(tl.int64) * g_width_stride)[None, :],
-                    mask=channel_mask[:, None] & pixel_mask[None, :], other=0.0)
+        g_pixel = n * g_batch_stride + p.to(tl.int64) * g_height_stride + q.to(tl.int64) * g_width_stride
+        if DEPTH:
+            g_pixel += r.to(tl.int64) * g_depth_stride
+        lhs = tl.load(g_channel[:, None] + g_pixel[None, :],
+                      mask=channel_mask[:, None] & pixel_mask[None, :], other=0.0)
         top = p * stride_height - pad_top
         left = q * stride_width - pad_left
         h = top[:, None] + tap_rows[None, :]
         v = left[:, None] + tap_cols[None, :]
         ok = (h >= 0) & (h < in_height) & (v >= 0) & (v < in_width) & pixel_mask[:, None] & entry_mask[None, :]
         x_pixel = n * x_batch_stride + top.to(tl.int64) * x_height_stride + left.to(tl.int64) * x_width_stride
-        b = tl.load(x_entry[None, :] + x_pixel[:, None], mask=ok, other=0.0)
-        acc = dot(acc, a, b, DOT)
+        if DEPTH:
+            front = r * stride_depth - pad_front
+            e = front[:, None] + tap_depths[None, :]
+            ok = ok & (e >= 0) & (e < in_depth)
+            x_pixel += front.to(tl.int64) * x_depth_stride
+        rhs = tl.load(x_entry[None, :] + x_pixel[:, None], mask=ok, other=0.0)
+        acc = dot(acc, lhs, rhs, DOT)
     dw_pointer = (dw + split * dw_split_stride + out_channel[:, None] * dw_out_channel_stride
                   + c[None, :] * dw_in_channel_stride + i[None, :] * dw_height_stride + j[None, :] * dw_width_stride)
+    if DEPTH:
+        dw_pointer += a[None, :] * dw_depth_stride
     tl.store(dw_pointer, store_value(acc, dw.dtype.element_ty, INTERP),
              mask=channel_mask[:, None] & entry_mask[None, :])
 
@@ -261,10 +329,21 @@ MIN_PIXELS_PER_SPLIT = 32
 _GATHER_TILES = {DOT_NATIVE.value: [((128, 64, 32), 8, 3), ((64, 32, 32), 4, 3)],
                  DOT_FP64.value: [((32, 16, 16), 8, 2)],
                  None: [((64, 64, 16), 8, 1), ((64, 32, 16), 8, 1)]}
+# Whether a gather launch takes the last (smaller) FFMA tile whatever its programs: the
+# transposed gathers of 1-D convs in float32 (64 x 64 spilled 4 bytes on sm_90 for a
+# stride-2 ConvTranspose with 2 taps; 64 x 32 does not).
+def _smaller_gather_tile(kind, rank, transposed):
+    return kind not in _GATHER_TILES and rank == 1 and transposed
+
+
 #: _weight_grad_kernel: (BLOCK_SIZE_CHANNELS, BLOCK_SIZE_ENTRIES, BLOCK_SIZE_PIXELS); split-K
 #: makes the programs
 _WEIGHT_GRAD_TILES = {DOT_NATIVE.value: ((64, 64, 32), 8, 3), DOT_FP64.value: ((32, 16, 16), 4, 3),
                       None: ((64, 64, 16), 8, 2)}
+#: _weight_grad_kernel in float32 for at most this many output channels per group (a
+#: classifier's last 1x1 conv): BLOCK_SIZE_CHANNELS 32, half the tile's idle rows (the 64-row
+#: tile spilled 12 bytes on sm_90 for the 3-D UNet's 64 => 2 1x1x1 conv)
+FEW_OUT_CHANNELS = 32
 
 
 def _p2(n):
@@ -282,11 +361,13 @@ def _target_programs(device):
     return PROGRAMS_PER_SM * launch.sm_count(device.index)
 
 
-def _gather_gpu_tile(kind, num_pixels, channels, grid_z, target_programs):
+def _gather_gpu_tile(kind, num_pixels, channels, grid_z, target_programs, last_only=False):
     """The tile ``(block sizes, num_warps, num_stages)`` of
     _gather_conv_kernel on a GPU for dot kind ``kind``: the first of
-    ``_GATHER_TILES`` with ``target_programs`` programs, else the last."""
-    for tile in _GATHER_TILES.get(kind, _GATHER_TILES[None]):
+    ``_GATHER_TILES`` with ``target_programs`` programs, else the last (the
+    last at once with ``last_only``: see ``_smaller_gather_tile``)."""
+    tiles = _GATHER_TILES.get(kind, _GATHER_TILES[None])
+    for tile in tiles[-1:] if last_only else tiles:
         blocks = tile[0]
         if launch.cdiv(num_pixels, blocks[0]) * launch.cdiv(channels, blocks[1]) * grid_z >= target_programs:
             break
@@ -301,8 +382,9 @@ GATHER_TUNED_NAMES = ("BLOCK_SIZE_PIXELS", "BLOCK_SIZE_CHANNELS", "BLOCK_SIZE_RE
 def _tuned_gather():
     """_gather_conv_kernel under triton.autotune (``set_autotune``), keyed on the sizes, kernel and dot kind."""
     return tuning.Tuned(_gather_conv_kernel, GATHER_TUNED_NAMES, _GATHER_TILES,
-                        key=["batch", "out_height", "out_width", "reduce_channels", "out_channels_per_group",
-                             "phase_rows", "phase_cols", "KERNEL_HEIGHT", "KERNEL_WIDTH", "DOT"])
+                        key=["batch", "out_depth", "out_height", "out_width", "reduce_channels",
+                             "out_channels_per_group", "phase_depths", "phase_rows", "phase_cols", "KERNEL_DEPTH",
+                             "KERNEL_HEIGHT", "KERNEL_WIDTH", "DEPTH", "DOT"])
 
 
 def _interpreter_tiles(M, N, K, dtype, n_cap=64, k_cap=256):
@@ -315,32 +397,49 @@ def _interpreter_tiles(M, N, K, dtype, n_cap=64, k_cap=256):
     return bm, bn, max(16, min(_p2(K), k_cap, cap // (bm * bn)))
 
 
+def _lift(values, fill):
+    """A rank-R tuple (sides, strides) as rank 3: ``fill`` for the axes in front."""
+    values = tuple(values)
+    return (fill,) * (3 - len(values)) + values
+
+
+def _geometry(spec):
+    """The canonical 3-D geometry of ``spec`` (any rank): kernel, stride, padding
+    before each axis, dilation (3-tuples), and DEPTH (whether the depth axis is real)."""
+    return (_lift(spec.kernel_size, 1), _lift(spec.stride, 1), _lift(spec.padding_lo, 0), _lift(spec.dilation, 1),
+            spec.rank == 3)
+
+
 def _gather_conv(x, w, y, spec, reduce_channels, out_channels_per_group, w_strides, transposed,
                  bias=None, activation=ACT_IDENTITY.value):
-    """y from x by _gather_conv_kernel with the spec's attributes; ``w_strides``
-    (group, output channel, reduced channel) say how the kernel reads w. A
-    transposed conv runs its output pixels by phase (p mod stride, q mod stride)."""
-    N, _, H, W = x.shape
-    _, _, HO, WO = y.shape
-    kh, kw = spec.kernel_size
-    if N * HO * WO == 0 or out_channels_per_group == 0:
+    """y from x by _gather_conv_kernel with the spec's attributes (any rank, as
+    rank 3); ``w_strides`` (group, output channel, reduced channel) say how
+    the kernel reads w. A transposed conv runs its output positions by phase
+    (each position modulo the stride)."""
+    N = x.shape[0]
+    D, H, W = _lift(x.shape[2:], 1)
+    DO, HO, WO = _lift(y.shape[2:], 1)
+    if N * DO * HO * WO == 0 or out_channels_per_group == 0:
         return y
-    (sh, sw), (pt, _, pl, _), (dh, dw) = spec.stride, spec.padding, spec.dilation
-    phase_rows, phase_cols = (sh, sw) if transposed else (1, 1)
-    NP = N * launch.cdiv(HO, phase_rows) * launch.cdiv(WO, phase_cols)     # pixels of the largest phase
+    (kd, kh, kw), (sd, sh, sw), (pf, pt, pl), (dd, dh, dw), depth = _geometry(spec)
+    phase_depths, phase_rows, phase_cols = (sd, sh, sw) if transposed else (1, 1, 1)
+    # positions of the largest phase
+    NP = N * launch.cdiv(DO, phase_depths) * launch.cdiv(HO, phase_rows) * launch.cdiv(WO, phase_cols)
     kind = dot_kind(x.dtype, w.dtype)
-    grid_z = spec.groups * phase_rows * phase_cols
+    grid_z = spec.groups * phase_depths * phase_rows * phase_cols
     if launch.INTERPRET:
         (bp, bc, bk), options = _interpreter_tiles(NP, out_channels_per_group, reduce_channels, x.dtype), {}
     else:
-        tile = _gather_gpu_tile(kind, NP, out_channels_per_group, grid_z, _target_programs(x.device))
+        tile = _gather_gpu_tile(kind, NP, out_channels_per_group, grid_z, _target_programs(x.device),
+                                last_only=_smaller_gather_tile(kind, spec.rank, transposed))
         (bp, bc, bk), options = tile[0], dict(num_warps=tile[1], num_stages=tile[2])
     has_bias = bias is not None
     args = (x, w, y, bias if has_bias else y, bias.stride(0) if has_bias else 0,
-            H, W, HO, WO, N, reduce_channels, out_channels_per_group, phase_rows, phase_cols,
-            *x.stride(), *w_strides, w.stride(2), w.stride(3), *y.stride(), sh, sw, pt, pl, dh, dw)
-    meta = dict(KERNEL_HEIGHT=kh, KERNEL_WIDTH=kw, TRANSPOSED=transposed, DOT=kind, INTERP=launch.INTERPRET,
-                HAS_BIAS=has_bias, ACTIVATION=activation)
+            D, H, W, DO, HO, WO, N, reduce_channels, out_channels_per_group, phase_depths, phase_rows, phase_cols,
+            *x.stride()[:2], *_lift(x.stride()[2:], 0), *w_strides, *_lift(w.stride()[2:], 0),
+            *y.stride()[:2], *_lift(y.stride()[2:], 0), sd, sh, sw, pf, pt, pl, dd, dh, dw)
+    meta = dict(KERNEL_DEPTH=kd, KERNEL_HEIGHT=kh, KERNEL_WIDTH=kw, DEPTH=depth, TRANSPOSED=transposed, DOT=kind,
+                INTERP=launch.INTERPRET, HAS_BIAS=has_bias, ACTIVATION=activation)
     if get_autotune() and not launch.INTERPRET:
         tiles = _GATHER_TILES.get(kind, _GATHER_TILES[None])
         _tuned_gather().launch(
@@ -355,67 +454,79 @@ def _gather_conv(x, w, y, spec, reduce_channels, out_channels_per_group, w_strid
     return y
 
 
-def _check_floating(x):
+def _check_floating(x, name):
     if not x.dtype.is_floating_point:
-        raise DTypeError(f"conv on the GPU needs floating inputs, got {x.dtype}")
+        raise DTypeError(f"{name} on the GPU needs floating inputs, got {x.dtype}")
 
 
-def _conv2d(x, w, spec, bias=None, activation=ACT_IDENTITY.value):
-    """The spec's conv2d forward of x into a new dense tensor (the reference's
-    formula); with ``bias`` and an ``activation`` code the fused act(conv2d + bias)."""
+def _conv(x, w, spec, bias=None, activation=ACT_IDENTITY.value):
+    """The spec's conv forward of x into a new dense tensor (the reference's
+    formula); with ``bias`` and an ``activation`` code the fused act(conv + bias)."""
     Cg, Cout = spec.in_channels_per_group, spec.out_channels_per_group
     y = launch.empty(spec.out_shape, x.dtype, x.device)
     if Cg == 0 and bias is None and activation == ACT_IDENTITY.value:
         return copy.full(y.shape, 0.0, x.dtype, x.device) if y.numel() else y
-    # weight entry (g, c, r) = w[g*Cout + c, r]  (Cg == 0: an empty reduction, acc stays 0)
+    # weight entry (g, c, k) = w[g*Cout + c, k]  (Cg == 0: an empty reduction, acc stays 0)
     return _gather_conv(x, w, y, spec, Cg, Cout, (Cout * w.stride(0), w.stride(0), w.stride(1)),
                         transposed=False, bias=bias, activation=activation)
 
 
-def _conv2d_input_grad(g, w, spec, dtype):
-    """The spec's conv2d input gradient (= conv_transpose2d forward) into a
-    new dense tensor of the spec's input shape."""
+def _conv_input_grad(g, w, spec, dtype):
+    """The spec's conv input gradient (= conv_transpose forward) into a new
+    dense tensor of the spec's input shape."""
     O, Cg = spec.w_shape[:2]
     dx = launch.empty(spec.x_shape, dtype, g.device)
     if dx.numel() == 0:
         return dx
-    if O == 0 or g.shape[2] == 0 or g.shape[3] == 0:
+    if O == 0 or g[0, 0].numel() == 0:
         return copy.full(spec.x_shape, 0.0, dtype, g.device)
-    # output channel c of group g reduces over r < Cout: weight (g, c, r) = w[g*Cout + r, c]
+    # output channel c of group g reduces over k < Cout: weight (g, c, k) = w[g*Cout + k, c]
     Cout = spec.out_channels_per_group
     return _gather_conv(g, w, dx, spec, Cout, Cg, (Cout * w.stride(0), w.stride(1), w.stride(0)), transposed=True)
 
 
 def _weight_grad_splits(programs, num_pixels, target_programs):
-    """How many pixel ranges (splits) a weight gradient of ``programs`` tiles
+    """How many position ranges (splits) a weight gradient of ``programs`` tiles
     sums separately: enough that the launch has ``target_programs`` programs,
-    each split at least MIN_PIXELS_PER_SPLIT pixels; one in the interpreter
+    each split at least MIN_PIXELS_PER_SPLIT positions; one in the interpreter
     (which pays per program)."""
     if launch.INTERPRET or programs >= target_programs:
         return 1
     return max(1, min(launch.cdiv(target_programs, programs), num_pixels // MIN_PIXELS_PER_SPLIT))
 
 
-def _conv2d_weight_grad(x, g, spec, dtype):
-    """The spec's conv2d weight gradient into a new dense tensor of the spec's
-    weight shape: _weight_grad_kernel, split over the pixels into float32
+def _weight_grad_gpu_tile(kind, out_channels_per_group):
+    """The GPU tile ``(block sizes, num_warps, num_stages)`` of _weight_grad_kernel:
+    ``_WEIGHT_GRAD_TILES`` for the dot kind, with BLOCK_SIZE_CHANNELS 32 in float32
+    (FFMA) for FEW_OUT_CHANNELS or fewer output channels per group."""
+    (bo, bq, bm), warps, stages = _WEIGHT_GRAD_TILES.get(kind, _WEIGHT_GRAD_TILES[None])
+    if kind not in _WEIGHT_GRAD_TILES and out_channels_per_group <= FEW_OUT_CHANNELS:
+        bo = min(bo, FEW_OUT_CHANNELS)
+    return (bo, bq, bm), warps, stages
+
+
+def _conv_weight_grad(x, g, spec, dtype):
+    """The spec's conv weight gradient into a new dense tensor of the spec's
+    weight shape: _weight_grad_kernel, split over the positions into float32
     (float64) partial sums and sum_splits when it has few tiles."""
-    O, Cg, kh, kw = spec.w_shape
-    N, _, H, W = x.shape
-    _, _, HO, WO = g.shape
+    O, Cg = spec.w_shape[:2]
+    taps = math.prod(spec.kernel_size)
+    N = x.shape[0]
+    D, H, W = _lift(x.shape[2:], 1)
+    DO, HO, WO = _lift(g.shape[2:], 1)
     dw = launch.empty(spec.w_shape, dtype, x.device)
     if dw.numel() == 0:
         return dw
-    NM = N * HO * WO
+    NM = N * DO * HO * WO
     if NM == 0:
         return copy.full(spec.w_shape, 0.0, dtype, x.device)
     OG = spec.out_channels_per_group
-    Q = Cg * kh * kw
+    Q = Cg * taps
     kind = dot_kind(x.dtype, g.dtype)
     if launch.INTERPRET:
         (bo, bq, bm), options = _interpreter_tiles(OG, Q, NM, x.dtype, n_cap=128, k_cap=1024), {}
     else:
-        (bo, bq, bm), warps, stages = _WEIGHT_GRAD_TILES.get(kind, _WEIGHT_GRAD_TILES[None])
+        (bo, bq, bm), warps, stages = _weight_grad_gpu_tile(kind, OG)
         options = dict(num_warps=warps, num_stages=stages)
     tiles = (launch.cdiv(OG, bo), launch.cdiv(Q, bq))
     splits = _weight_grad_splits(tiles[0] * tiles[1] * spec.groups, NM, _target_programs(x.device))
@@ -424,11 +535,14 @@ def _conv2d_weight_grad(x, g, spec, dtype):
     else:
         acc_dtype = torch.float64 if kind == DOT_FP64.value else torch.float32
         partial_sums = launch.empty((splits,) + tuple(spec.w_shape), acc_dtype, x.device)
-    (sh, sw), (pt, _, pl, _), (dh, dwl) = spec.stride, spec.padding, spec.dilation
+    (kd, kh, kw), (sd, sh, sw), (pf, pt, pl), (dd, dh, dwl), depth = _geometry(spec)
+    ps = partial_sums.stride()
     launch.launch(_weight_grad_kernel, tiles + (spec.groups * splits,), x, g, partial_sums,
-                  H, W, HO, WO, NM, splits, spec.groups, Cg, OG,
-                  *x.stride(), *g.stride(), *partial_sums.stride(), sh, sw, pt, pl, dh, dwl,
-                  KERNEL_HEIGHT=kh, KERNEL_WIDTH=kw, PIXEL_INDEX_TYPE=_pixel_index_type(NM, bm),
+                  D, H, W, DO, HO, WO, NM, splits, spec.groups, Cg, OG,
+                  *x.stride()[:2], *_lift(x.stride()[2:], 0), *g.stride()[:2], *_lift(g.stride()[2:], 0),
+                  *ps[:3], *_lift(ps[3:], 0), sd, sh, sw, pf, pt, pl, dd, dh, dwl,
+                  KERNEL_DEPTH=kd, KERNEL_HEIGHT=kh, KERNEL_WIDTH=kw, DEPTH=depth,
+                  PIXEL_INDEX_TYPE=_pixel_index_type(NM, bm),
                   BLOCK_SIZE_CHANNELS=bo, BLOCK_SIZE_ENTRIES=bq, BLOCK_SIZE_PIXELS=bm, DOT=kind,
                   INTERP=launch.INTERPRET, **options)
     if splits > 1:
@@ -436,81 +550,80 @@ def _conv2d_weight_grad(x, g, spec, dtype):
     return dw
 
 
-def conv2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
-    """y = conv2d(x, w) (see the reference for the formula)."""
-    spec = conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, stride, padding, dilation, groups)
-    _check_floating(x)
-    return _conv2d(x, w, spec)
+def conv_forward(x, w, stride=None, padding=None, dilation=None, groups=1):
+    """y = conv(x, w), any spatial rank (see the reference for the formula)."""
+    spec = conv_spec(x.shape, w.shape, x.dtype, w.dtype, stride, padding, dilation, groups)
+    _check_floating(x, "conv")
+    return _conv(x, w, spec)
 
 
-def conv2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
-                    needs=(True, True)):
+def conv_backward(grad, out, x, w, stride=None, padding=None, dilation=None, groups=1, needs=(True, True)):
     """dx = the transposed-conv gather of G with w; dw = the reduction of G x
-    im2col(x) over N x Ho x Wo (see the reference); only those in ``needs``."""
-    spec = conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, stride, padding, dilation, groups)
-    dx = _conv2d_input_grad(grad, w, spec, x.dtype) if needs[0] else None
-    dw = _conv2d_weight_grad(x, grad, spec, w.dtype) if needs[1] else None
+    im2col(x) over the batch and the output positions (see the reference);
+    only those in ``needs``."""
+    spec = conv_spec(x.shape, w.shape, x.dtype, w.dtype, stride, padding, dilation, groups)
+    dx = _conv_input_grad(grad, w, spec, x.dtype) if needs[0] else None
+    dw = _conv_weight_grad(x, grad, spec, w.dtype) if needs[1] else None
     return dx, dw
 
 
-def conv_transpose2d_forward(x, w, stride=(1, 1), padding=(0, 0, 0, 0), output_padding=(0, 0),
-                             dilation=(1, 1), groups=1):
-    """y = conv_transpose2d(x, w): its adjoint conv2d's input gradient (see the reference)."""
-    spec = conv_transpose2d_spec(x.shape, w.shape, x.dtype, w.dtype, stride, padding, output_padding, dilation,
-                                 groups)
-    _check_floating(x)
-    return _conv2d_input_grad(x, w, spec.adjoint, x.dtype)
+def conv_transpose_forward(x, w, stride=None, padding=None, output_padding=None, dilation=None, groups=1):
+    """y = conv_transpose(x, w): its adjoint conv's input gradient (see the reference)."""
+    spec = conv_transpose_spec(x.shape, w.shape, x.dtype, w.dtype, stride, padding, output_padding, dilation,
+                               groups)
+    _check_floating(x, "conv_transpose")
+    return _conv_input_grad(x, w, spec.adjoint, x.dtype)
 
 
-def conv_transpose2d_backward(grad, out, x, w, stride=(1, 1), padding=(0, 0, 0, 0),
-                              output_padding=(0, 0), dilation=(1, 1), groups=1, needs=(True, True)):
-    """dx = conv2d(G, w); dw = conv2d's weight gradient with input G and output
+def conv_transpose_backward(grad, out, x, w, stride=None, padding=None, output_padding=None, dilation=None,
+                            groups=1, needs=(True, True)):
+    """dx = conv(G, w); dw = conv's weight gradient with input G and output
     gradient x; only those in ``needs``."""
-    spec = conv_transpose2d_spec(x.shape, w.shape, x.dtype, w.dtype, stride, padding, output_padding, dilation,
-                                 groups)
+    spec = conv_transpose_spec(x.shape, w.shape, x.dtype, w.dtype, stride, padding, output_padding, dilation,
+                               groups)
     # output_padding of a stride or more adds positions no input reaches (see the reference)
-    H, W = x.shape[2:]
+    sides = tuple(x.shape[2:])
     if not needs[0]:
         dx = None
     elif x.numel() == 0:
         dx = launch.empty(tuple(x.shape), x.dtype, x.device)
     else:
-        dx = copy.contiguous(_conv2d(grad, w, spec.adjoint)[:, :, :H, :W])
+        dx = copy.contiguous(_conv(grad, w, spec.adjoint)[(slice(None),) * 2 + tuple(slice(0, n) for n in sides)])
     if not needs[1]:
         return dx, None
-    if spec.extra != (0, 0):
-        padded = copy.full((x.shape[0], x.shape[1], H + spec.extra[0], W + spec.extra[1]), 0, x.dtype, x.device)
-        copy.copy_into(padded[:, :, :H, :W], x)
+    if any(spec.extra):
+        padded = copy.full(tuple(x.shape[:2]) + tuple(n + e for n, e in zip(sides, spec.extra)), 0, x.dtype,
+                           x.device)
+        copy.copy_into(padded[(slice(None),) * 2 + tuple(slice(0, n) for n in sides)], x)
         x = padded
-    dw = _conv2d_weight_grad(grad, x, spec.adjoint, w.dtype)
+    dw = _conv_weight_grad(grad, x, spec.adjoint, w.dtype)
     return dx, dw
 
 
-# --- conv2d with bias and activation fused --------------------------------------------------
+# --- conv with bias and activation fused ----------------------------------------------------
 
 def _bias_act_spec(x, w, b, stride, padding, dilation, groups, activation):
-    return conv2d_bias_act_spec(x.shape, w.shape, b.shape, x.dtype, w.dtype, b.dtype, stride, padding, dilation,
-                                groups, activation)
+    return conv_bias_act_spec(x.shape, w.shape, b.shape, x.dtype, w.dtype, b.dtype, stride, padding, dilation,
+                              groups, activation)
 
 
-def conv2d_bias_act_forward(x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
-                            activation="identity"):
-    """y = act(conv2d(x, w) + b) (see the reference): the conv kernel with the
+def conv_bias_act_forward(x, w, b, stride=None, padding=None, dilation=None, groups=1, activation="identity"):
+    """y = act(conv(x, w) + b) (see the reference): the conv kernel with the
     bias and the activation applied in its epilogue, before the one store."""
     spec = _bias_act_spec(x, w, b, stride, padding, dilation, groups, activation)
-    _check_floating(x)
+    _check_floating(x, "conv_bias_act")
     if b.device != x.device:
-        raise ValueError(f"conv2d_bias_act: the bias is on {b.device} but x on {x.device}")
-    return _conv2d(x, w, spec, bias=b, activation=ACTIVATION_CODES[activation])
+        raise ValueError(f"conv_bias_act: the bias is on {b.device} but x on {x.device}")
+    return _conv(x, w, spec, bias=b, activation=ACTIVATION_CODES[activation])
 
 
-def conv2d_bias_act_backward(grad, out, x, w, b, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                             groups=1, activation="identity", needs=(True, True, True)):
-    """gz = G * act'(y) and db = sum_{n, p, q} gz in one kernel (from the output
-    y alone), then conv2d's input- and weight-gradient kernels on gz (those in
+def conv_bias_act_backward(grad, out, x, w, b, stride=None, padding=None, dilation=None, groups=1,
+                           activation="identity", needs=(True, True, True)):
+    """gz = G * act'(y) and db = sum_{n, p} gz in one kernel (from the output
+    y alone), then conv's input- and weight-gradient kernels on gz (those in
     ``needs``; db comes with gz whether needed or not)."""
     spec = _bias_act_spec(x, w, b, stride, padding, dilation, groups, activation)
     gz, db = act_grad_and_bias_grad(grad, out, b, ACTIVATION_CODES[activation])
-    dx = _conv2d_input_grad(gz, w, spec, x.dtype) if needs[0] else None
-    dw = _conv2d_weight_grad(x, gz, spec, w.dtype) if needs[1] else None
+    dx = _conv_input_grad(gz, w, spec, x.dtype) if needs[0] else None
+    dw = _conv_weight_grad(x, gz, spec, w.dtype) if needs[1] else None
     return dx, dw, db if needs[2] else None

@@ -1,24 +1,37 @@
-"""The conv family's spec: the geometry of conv2d, conv2d_bias_act and
-conv_transpose2d, checked once.
+"""The conv family's spec: the geometry of conv, conv_bias_act and
+conv_transpose for any spatial rank R (1, 2 or 3), checked once (NNlib's
+DenseConvDims{N}).
 
-conv2d takes ``x`` (N, C, H, W) and a weight ``w`` (O, C/G, kh, kw), G the
-groups, to ``y`` (N, O, Ho, Wo) with
+conv takes ``x`` (N, C, *s) with R spatial sides s = (s_0, ..., s_{R-1})
+and a weight ``w`` (O, C/G, *k), G the groups, k the R kernel sides, to
+``y`` (N, O, *o) with, on each axis a,
 
-    Ho = (H + top + bottom - dh*(kh - 1) - 1) // sh + 1      (Wo likewise)
+    o_a = (s_a + lo_a + hi_a - d_a*(k_a - 1) - 1) // t_a + 1
 
-conv2d_bias_act adds a bias ``b`` (O,) and one of the activations declared
-as ``fusable_activations`` in its registration.
+for the stride t, the dilation d (R-tuples) and the padding, the flat
+2R-tuple (lo_0, hi_0, lo_1, hi_1, ...) in axis order (for R = 2 that is
+(top, bottom, left, right)). conv_bias_act adds a bias ``b`` (O,) and one of
+the activations declared as ``fusable_activations`` in its registration.
 
-conv_transpose2d takes ``x`` (N, Cin, H, W) and ``w`` (Cin, O/G, kh, kw) to
-``y`` (N, O, Ho, Wo) with
+conv_transpose takes ``x`` (N, Cin, *s) and ``w`` (Cin, O/G, *k) to ``y``
+(N, O, *o) with
 
-    Ho = (H - 1)*sh - top - bottom + dh*(kh - 1) + output_padding_h + 1
+    o_a = (s_a - 1)*t_a - lo_a - hi_a + d_a*(k_a - 1) + output_padding_a + 1
 
-It is the adjoint of the conv2d of ``w`` from (N, O, Ho, Wo), whose output
-is (N, Cin, H + output_padding_h // sh, ...): output_padding of a stride or
-more adds rows no input position reaches. Its spec carries that conv2d's
+It is the adjoint of the conv of ``w`` from (N, O, *o), whose output is
+(N, Cin, *(s_a + output_padding_a // t_a)): output_padding of a stride or
+more adds positions no input reaches. Its spec carries that conv's
 (``ConvTransposeSpec.adjoint``), so reference and kernel compute the
-transposed convolution with conv2d's geometry.
+transposed convolution with conv's geometry.
+
+The rank is read from x, w and the attributes; they must agree (a ShapeError
+naming the primitive, the expected and actual lengths and the fix, before any
+work). Reference and kernels compute every rank as rank 3: ``ConvSpec.lifted``
+is the same convolution with size-1 axes (kernel 1, stride 1, no padding) in
+front of the R spatial ones, so one code path serves all ranks.
+
+``conv2d_spec``, ``conv2d_bias_act_spec`` and ``conv_transpose2d_spec`` are
+the 2-D entry points of before (2-D defaults), thin wrappers.
 """
 from dataclasses import dataclass
 from functools import lru_cache
@@ -31,16 +44,27 @@ from ..errors import DTypeError, ShapeError
 from . import cached_on_arguments
 from ..primitives import REGISTRY
 
-#: the activations conv2d_bias_act applies in its epilogue: those whose
+#: the activations conv_bias_act applies in its epilogue: those whose
 #: derivative is a function of the output y alone (declared with the primitive)
-FUSABLE_ACTIVATIONS = REGISTRY["conv2d_bias_act"].fusable_activations
+FUSABLE_ACTIVATIONS = REGISTRY["conv_bias_act"].fusable_activations
+
+#: the spatial ranks the family serves
+RANKS = (1, 2, 3)
+
+_AXES = {1: "(N, C, L)", 2: "(N, C, H, W)", 3: "(N, C, D, H, W)"}
+
+
+def lift3(values, fill):
+    """An R-tuple as a 3-tuple: ``fill`` for the 3 - R axes in front."""
+    return (fill,) * (3 - len(values)) + tuple(values)
 
 
 @dataclass(frozen=True, eq=False)
 class ConvSpec:
-    """conv2d(x, w) (with ``activation``, conv2d_bias_act): shapes as in the
-    module docstring, the attributes normalised to tuples of ints, the
-    element type and the type the products and sums run in."""
+    """conv(x, w) (with ``activation``, conv_bias_act): shapes as in the
+    module docstring, the attributes normalised to tuples of ints (stride and
+    dilation R entries, padding 2R), the element type and the type the
+    products and sums run in."""
     x_shape: tuple
     w_shape: tuple
     out_shape: tuple
@@ -53,9 +77,23 @@ class ConvSpec:
     activation: str | None = None
 
     @property
+    def rank(self):
+        """R, the spatial axes."""
+        return len(self.x_shape) - 2
+
+    @property
     def kernel_size(self):
-        """(kh, kw)"""
+        """The R kernel sides k."""
         return self.w_shape[2:]
+
+    @property
+    def padding_lo(self):
+        """The padding before each axis, (lo_0, ..., lo_{R-1})."""
+        return self.padding[0::2]
+
+    @property
+    def padding_hi(self):
+        return self.padding[1::2]
 
     @property
     def in_channels_per_group(self):
@@ -67,11 +105,23 @@ class ConvSpec:
         """O/G"""
         return self.w_shape[0] // self.groups
 
+    @property
+    def lifted(self):
+        """The same convolution at rank 3: size-1 axes (kernel 1, stride 1,
+        dilation 1, no padding) in front of the R spatial ones (itself for R = 3)."""
+        if self.rank == 3:
+            return self
+        lift = 3 - self.rank
+        return _conv_spec(self.x_shape[:2] + (1,) * lift + self.x_shape[2:],
+                          self.w_shape[:2] + (1,) * lift + self.w_shape[2:], self.dtype, self.dtype,
+                          (1,) * lift + self.stride, (0,) * (2 * lift) + self.padding, (1,) * lift + self.dilation,
+                          self.groups, self.activation, "conv")
+
 
 @dataclass(frozen=True, eq=False)
 class ConvTransposeSpec:
-    """conv_transpose2d(x, w): shapes as in the module docstring, and
-    ``adjoint``, the :class:`ConvSpec` of the conv2d whose input gradient it
+    """conv_transpose(x, w): shapes as in the module docstring, and
+    ``adjoint``, the :class:`ConvSpec` of the conv whose input gradient it
     is (input ``out_shape``, output ``x_shape`` grown by ``extra``)."""
     x_shape: tuple
     w_shape: tuple
@@ -82,24 +132,45 @@ class ConvTransposeSpec:
     adjoint: ConvSpec
 
     @property
+    def rank(self):
+        return len(self.x_shape) - 2
+
+    @property
     def extra(self):
-        """The rows and columns at the bottom/right of the adjoint's output
-        that no input position reaches: output_padding // stride."""
-        return (self.adjoint.out_shape[2] - self.x_shape[2], self.adjoint.out_shape[3] - self.x_shape[3])
+        """The positions at the high end of each axis of the adjoint's output
+        that no input position reaches: output_padding // stride (R entries)."""
+        return tuple(a - b for a, b in zip(self.adjoint.out_shape[2:], self.x_shape[2:]))
 
 
 def _ints(v):
     return tuple(int(a) for a in v)
 
 
-def _check_conv(x_shape, w_shape, x_dtype, w_dtype, groups):
-    if len(x_shape) != 4 or len(w_shape) != 4:
-        raise ShapeError(f"conv needs x of shape (N, C, H, W) and w of 4 dimensions, got "
-                         f"{x_shape} and {w_shape}")
+def _check_rank(name, x_shape, w_shape, per_axis, padding):
+    """The rank R = len(x_shape) - 2 in 1..3, and w and every attribute of it
+    (``per_axis``: (attribute name, tuple) pairs of R entries)."""
+    R = len(x_shape) - 2
+    if R not in RANKS:
+        raise ShapeError(f"{name}: x must be (N, C, *spatial) with 1, 2 or 3 spatial axes, got {len(x_shape)} "
+                         f"dimensions {x_shape}; add the batch and channel axes (N, C) in front")
+    if len(w_shape) != R + 2:
+        raise ShapeError(f"{name}: x {x_shape} is {_AXES[R]}, {R} spatial axes, so w needs {R + 2} dimensions "
+                         f"(out, in, {R} kernel sides), got {len(w_shape)}: {w_shape}; give a kernel of {R} "
+                         f"sides or an input of {len(w_shape) - 2} spatial axes")
+    for attr, value in per_axis:
+        if len(value) != R:
+            raise ShapeError(f"{name}: {attr} must have {R} entries, one per spatial axis of x {x_shape}, got "
+                             f"{len(value)}: {value}; pass an int or an {R}-tuple")
+    if len(padding) != 2 * R:
+        raise ShapeError(f"{name}: padding must have {2 * R} entries (lo, hi per spatial axis of x {x_shape}), "
+                         f"got {len(padding)}: {padding}; pass an int, {R} per-axis ints or {2 * R} ints")
+
+
+def _check_conv(name, x_shape, w_shape, x_dtype, w_dtype, groups):
     if x_dtype != w_dtype:
-        raise DTypeError(f"conv of {x_dtype} and {w_dtype}: convert one of them first")
+        raise DTypeError(f"{name} of {x_dtype} and {w_dtype}: convert one of them first")
     if groups < 1 or x_shape[1] % groups or w_shape[0] % groups:
-        raise ShapeError(f"groups={groups} must divide the channels of x {x_shape} and of w {w_shape}")
+        raise ShapeError(f"{name}: groups={groups} must divide the channels of x {x_shape} and of w {w_shape}")
 
 
 def _out_side(n, lo, hi, k, s, d):
@@ -107,77 +178,117 @@ def _out_side(n, lo, hi, k, s, d):
 
 
 @lru_cache(maxsize=1024)
-def _conv2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride, padding, dilation, groups, activation):
-    _check_conv(x_shape, w_shape, x_dtype, w_dtype, groups)
+def _conv_spec(x_shape, w_shape, x_dtype, w_dtype, stride, padding, dilation, groups, activation, name):
+    _check_rank(name, x_shape, w_shape, (("stride", stride), ("dilation", dilation)), padding)
+    _check_conv(name, x_shape, w_shape, x_dtype, w_dtype, groups)
     if x_shape[1] // groups != w_shape[1]:
-        raise ShapeError(f"conv2d: x {x_shape} has {x_shape[1]} input channels (axis 1) but w {w_shape} takes "
+        raise ShapeError(f"{name}: x {x_shape} has {x_shape[1]} input channels (axis 1) but w {w_shape} takes "
                          f"{w_shape[1] * groups} (w's axis 1 times groups={groups})."
                          f"{flux_layout_hint(x_shape, 1, w_shape[1] * groups)}")
-    (N, _, H, W), (O, _, kh, kw) = x_shape, w_shape
-    (sh, sw), (pt, pb, pl, pr), (dh, dw) = stride, padding, dilation
-    Ho, Wo = _out_side(H, pt, pb, kh, sh, dh), _out_side(W, pl, pr, kw, sw, dw)
-    if Ho < 1 or Wo < 1:
-        raise ShapeError(f"conv: the padded input {x_shape} is smaller than the dilated kernel "
-                         f"{(kh, kw)} (dilation {dilation}, padding {padding})")
-    return ConvSpec(x_shape, w_shape, (N, O, Ho, Wo), x_dtype, compute_dtype(x_dtype), stride, padding,
-                    dilation, groups, activation)
+    kernel = w_shape[2:]
+    out = tuple(_out_side(n, padding[2 * a], padding[2 * a + 1], k, s, d)
+                for a, (n, k, s, d) in enumerate(zip(x_shape[2:], kernel, stride, dilation)))
+    if min(out) < 1:
+        reach = tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation))
+        padded = tuple(n + padding[2 * a] + padding[2 * a + 1] for a, n in enumerate(x_shape[2:]))
+        raise ShapeError(f"{name}: the padded input {padded} (x {x_shape}, padding {padding}) is smaller than the "
+                         f"dilated kernel {reach} (kernel {kernel}, dilation {dilation}); pad more, or use a "
+                         "smaller kernel or dilation")
+    return ConvSpec(x_shape, w_shape, x_shape[:1] + (w_shape[0],) + out, x_dtype, compute_dtype(x_dtype), stride,
+                    padding, dilation, groups, activation)
+
+
+def _rank_defaults(x_shape, stride, padding, dilation):
+    """None attributes as the identity for x's rank (stride 1, no padding, dilation 1)."""
+    R = max(len(x_shape) - 2, 1)
+    return ((1,) * R if stride is None else stride, (0,) * (2 * R) if padding is None else padding,
+            (1,) * R if dilation is None else dilation)
 
 
 @cached_on_arguments
-def conv2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                groups=1):
-    """The :class:`ConvSpec` of conv2d(x, w) (NumPy or torch dtypes); raises
+def conv_spec(x_shape, w_shape, x_dtype, w_dtype, stride=None, padding=None, dilation=None, groups=1):
+    """The :class:`ConvSpec` of conv(x, w) (NumPy or torch dtypes; stride and
+    dilation R-tuples, padding the flat 2R-tuple, None: none); raises
     ShapeError/DTypeError saying what to change."""
-    return _conv2d_spec(_ints(x_shape), _ints(w_shape), as_dtype(x_dtype), as_dtype(w_dtype), _ints(stride),
-                        _ints(padding), _ints(dilation), int(groups), None)
+    stride, padding, dilation = _rank_defaults(x_shape, stride, padding, dilation)
+    return _conv_spec(_ints(x_shape), _ints(w_shape), as_dtype(x_dtype), as_dtype(w_dtype), _ints(stride),
+                      _ints(padding), _ints(dilation), int(groups), None, "conv")
 
 
 @cached_on_arguments
-def conv2d_bias_act_spec(x_shape, w_shape, b_shape, x_dtype, w_dtype, b_dtype, stride=(1, 1),
-                         padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, activation="identity"):
-    """The :class:`ConvSpec` of act(conv2d(x, w) + b): conv2d's, after
-    checking the activation (one of FUSABLE_ACTIVATIONS) and the bias
-    (one entry per output channel, x's dtype)."""
+def conv_bias_act_spec(x_shape, w_shape, b_shape, x_dtype, w_dtype, b_dtype, stride=None, padding=None,
+                       dilation=None, groups=1, activation="identity"):
+    """The :class:`ConvSpec` of act(conv(x, w) + b): conv's, after checking
+    the activation (one of FUSABLE_ACTIVATIONS) and the bias (one entry per
+    output channel, x's dtype)."""
     if activation not in FUSABLE_ACTIVATIONS:
-        raise ValueError(f"conv2d_bias_act: activation must be one of {FUSABLE_ACTIVATIONS} (those whose "
+        raise ValueError(f"conv_bias_act: activation must be one of {FUSABLE_ACTIVATIONS} (those whose "
                          f"derivative follows from the output), got {activation!r}; apply other "
-                         "activations after conv2d")
+                         "activations after conv")
     w_shape, b_shape, x_dtype, b_dtype = _ints(w_shape), _ints(b_shape), as_dtype(x_dtype), as_dtype(b_dtype)
     if len(b_shape) != 1 or not w_shape or b_shape[0] != w_shape[0]:
-        raise ShapeError(f"conv2d_bias_act: the bias must have shape ({w_shape[0] if w_shape else '?'},) (one "
+        raise ShapeError(f"conv_bias_act: the bias must have shape ({w_shape[0] if w_shape else '?'},) (one "
                          f"entry per output channel of w {w_shape}), got {b_shape}")
     if b_dtype != x_dtype:
-        raise DTypeError(f"conv2d_bias_act: the bias is {b_dtype} but x is {x_dtype}; convert one of them first")
-    return _conv2d_spec(_ints(x_shape), w_shape, x_dtype, as_dtype(w_dtype), _ints(stride), _ints(padding),
-                        _ints(dilation), int(groups), activation)
+        raise DTypeError(f"conv_bias_act: the bias is {b_dtype} but x is {x_dtype}; convert one of them first")
+    stride, padding, dilation = _rank_defaults(x_shape, stride, padding, dilation)
+    return _conv_spec(_ints(x_shape), w_shape, x_dtype, as_dtype(w_dtype), _ints(stride), _ints(padding),
+                      _ints(dilation), int(groups), activation, "conv_bias_act")
 
 
 @lru_cache(maxsize=1024)
-def _conv_transpose2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride, padding, output_padding, dilation, groups):
-    _check_conv(x_shape, w_shape, x_dtype, w_dtype, groups)
+def _conv_transpose_spec(x_shape, w_shape, x_dtype, w_dtype, stride, padding, output_padding, dilation, groups):
+    name = "conv_transpose"
+    _check_rank(name, x_shape, w_shape, (("stride", stride), ("dilation", dilation),
+                                         ("output_padding", output_padding)), padding)
+    _check_conv(name, x_shape, w_shape, x_dtype, w_dtype, groups)
     if x_shape[1] != w_shape[0]:
-        raise ShapeError(f"conv_transpose2d: x {x_shape} has {x_shape[1]} input channels (axis 1) but w "
+        raise ShapeError(f"{name}: x {x_shape} has {x_shape[1]} input channels (axis 1) but w "
                          f"{w_shape} takes {w_shape[0]} (w's axis 0).{flux_layout_hint(x_shape, 1, w_shape[0])}")
-    (N, _, H, W), (_, Og, kh, kw) = x_shape, w_shape
-    (sh, sw), (pt, pb, pl, pr), (dh, dw), (oph, opw) = stride, padding, dilation, output_padding
     # torch's rule: each side of output_padding below its stride or its dilation
-    if not (0 <= oph < max(sh, dh) and 0 <= opw < max(sw, dw)):
-        raise ShapeError(f"conv_transpose2d: output_padding {output_padding} must be smaller than "
+    if not all(0 <= op < max(s, d) for op, s, d in zip(output_padding, stride, dilation)):
+        raise ShapeError(f"{name}: output_padding {output_padding} must be smaller than "
                          f"the stride {stride} or the dilation {dilation} on each axis")
-    Ho = (H - 1) * sh - pt - pb + dh * (kh - 1) + oph + 1
-    Wo = (W - 1) * sw - pl - pr + dw * (kw - 1) + opw + 1
-    if Ho < 1 or Wo < 1:
-        raise ShapeError(f"conv_transpose2d: the padding {padding} crops the whole output")
-    out_shape = (N, Og * groups, Ho, Wo)
-    adjoint = _conv2d_spec(out_shape, w_shape, x_dtype, w_dtype, stride, padding, dilation, groups, None)
+    out = tuple((n - 1) * s - padding[2 * a] - padding[2 * a + 1] + d * (k - 1) + op + 1
+                for a, (n, k, s, d, op) in enumerate(zip(x_shape[2:], w_shape[2:], stride, dilation,
+                                                         output_padding)))
+    if min(out) < 1:
+        raise ShapeError(f"{name}: the padding {padding} crops the whole output of x {x_shape} (sides {out}); "
+                         "pad less")
+    out_shape = (x_shape[0], w_shape[1] * groups) + out
+    adjoint = _conv_spec(out_shape, w_shape, x_dtype, w_dtype, stride, padding, dilation, groups, None, name)
     return ConvTransposeSpec(x_shape, w_shape, out_shape, x_dtype, compute_dtype(x_dtype), output_padding, adjoint)
 
 
 @cached_on_arguments
+def conv_transpose_spec(x_shape, w_shape, x_dtype, w_dtype, stride=None, padding=None, output_padding=None,
+                        dilation=None, groups=1):
+    """The :class:`ConvTransposeSpec` of conv_transpose(x, w) (NumPy or
+    torch dtypes); raises ShapeError/DTypeError saying what to change."""
+    stride, padding, dilation = _rank_defaults(x_shape, stride, padding, dilation)
+    if output_padding is None:
+        output_padding = (0,) * max(len(x_shape) - 2, 1)
+    return _conv_transpose_spec(_ints(x_shape), _ints(w_shape), as_dtype(x_dtype), as_dtype(w_dtype),
+                                _ints(stride), _ints(padding), _ints(output_padding), _ints(dilation), int(groups))
+
+
+# --- the 2-D entry points of before ----------------------------------------------------------
+
+def conv2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                groups=1):
+    """conv_spec with 2-D defaults."""
+    return conv_spec(x_shape, w_shape, x_dtype, w_dtype, stride, padding, dilation, groups)
+
+
+def conv2d_bias_act_spec(x_shape, w_shape, b_shape, x_dtype, w_dtype, b_dtype, stride=(1, 1),
+                         padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, activation="identity"):
+    """conv_bias_act_spec with 2-D defaults."""
+    return conv_bias_act_spec(x_shape, w_shape, b_shape, x_dtype, w_dtype, b_dtype, stride, padding, dilation,
+                              groups, activation)
+
+
 def conv_transpose2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride=(1, 1), padding=(0, 0, 0, 0),
                           output_padding=(0, 0), dilation=(1, 1), groups=1):
-    """The :class:`ConvTransposeSpec` of conv_transpose2d(x, w) (NumPy
-    dtypes); raises ShapeError/DTypeError saying what to change."""
-    return _conv_transpose2d_spec(_ints(x_shape), _ints(w_shape), as_dtype(x_dtype), as_dtype(w_dtype),
-                                  _ints(stride), _ints(padding), _ints(output_padding), _ints(dilation),
-                                  int(groups))
+    """conv_transpose_spec with 2-D defaults."""
+    return conv_transpose_spec(x_shape, w_shape, x_dtype, w_dtype, stride, padding, output_padding, dilation,
+                               groups)
