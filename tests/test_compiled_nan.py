@@ -28,7 +28,7 @@ How to add a kernel: append one line to ``NAN_SENSITIVE_LAUNCHES``, a name and
 a function of ``(K, t)``: ``K.<family>`` is ``triflux.triton_kernels.<family>``,
 ``t(*shape, dtype="float32")`` makes a CPU tensor (of ones); e.g.
 
-    ("maxpool2d forward", lambda K, t: K.pool.maxpool2d_forward(
+    ("maxpool forward", lambda K, t: K.pool.maxpool_forward(
         t(2, 3, 9, 9), window=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0))),
 
 Every kernel that call launches is checked (backward functions that launch
@@ -85,10 +85,10 @@ NAN_SENSITIVE_LAUNCHES = [
         t(8, 3, 5, 5), t(3), t(3), activation="relu")),
     ("batchnorm_train relu backward (g relu'(y))", lambda K, t: K.norm.batchnorm_train_backward(
         t(8, 3, 5, 5), t(8, 3, 5, 5), t(8, 3, 5, 5), t(3), t(3), activation="relu")),
-    # conv2d_bias_act: the fused relu epilogue and its gradient
-    ("conv2d_bias_act relu forward", lambda K, t: K.conv.conv2d_bias_act_forward(
+    # conv_bias_act: the fused relu epilogue and its gradient
+    ("conv_bias_act relu forward", lambda K, t: K.conv.conv_bias_act_forward(
         t(2, 3, 9, 9), t(4, 3, 3, 3), t(4), activation="relu")),
-    ("conv2d_bias_act relu backward (gz = G relu'(y))", lambda K, t: K.bias_act.act_grad_and_bias_grad(
+    ("conv_bias_act relu backward (gz = G relu'(y))", lambda K, t: K.bias_act.act_grad_and_bias_grad(
         t(2, 4, 7, 7), t(2, 4, 7, 7), t(4), K.numerics.ACTIVATION_CODES["relu"])),
     # dense_bias_act: the matmul kernel's relu epilogue, and its gradient through a (rows, O) matrix
     ("dense_bias_act relu forward", lambda K, t: K.matmul.dense_bias_act_forward(
@@ -98,18 +98,30 @@ NAN_SENSITIVE_LAUNCHES = [
     # dropout: the mask multiplies (a dropped NaN stays NaN)
     ("dropout forward", lambda K, t: K.dropout.dropout_forward(t(1000), 0.5, 7)),
     # max pooling: the window scan (first real, greater, or NaN), forward and argmax + routing
-    ("maxpool2d forward", lambda K, t: K.pool.maxpool2d_forward(
+    ("maxpool forward", lambda K, t: K.pool.maxpool_forward(
         t(2, 3, 9, 9), window=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0))),
-    ("maxpool2d forward dilated ceil_mode float64", lambda K, t: K.pool.maxpool2d_forward(
+    ("maxpool forward dilated ceil_mode float64", lambda K, t: K.pool.maxpool_forward(
         t(2, 3, 9, 9, dtype="float64"), window=(3, 2), stride=(2, 1), padding=(1, 1, 1, 1),
         dilation=(1, 2), ceil_mode=True)),
-    ("maxpool2d backward", lambda K, t: K.pool.maxpool2d_backward(
+    ("maxpool backward", lambda K, t: K.pool.maxpool_backward(
         t(2, 3, 5, 5), None, t(2, 3, 9, 9), window=(3, 3), stride=(2, 2), padding=(1, 1, 1, 1))),
-    ("adaptive_maxpool2d forward", lambda K, t: K.pool.adaptive_maxpool2d_forward(t(2, 3, 9, 7), size=(4, 3))),
-    ("adaptive_maxpool2d forward float64", lambda K, t: K.pool.adaptive_maxpool2d_forward(
+    ("maxpool 1-d forward", lambda K, t: K.pool.maxpool_forward(t(2, 3, 9), window=(3,), stride=(2,), padding=(1, 1))),
+    ("maxpool 3-d forward", lambda K, t: K.pool.maxpool_forward(
+        t(2, 3, 4, 6, 6), window=(2, 2, 2), stride=(2, 2, 2), padding=(0, 0, 0, 0, 0, 0))),
+    ("maxpool 3-d backward", lambda K, t: K.pool.maxpool_backward(
+        t(2, 3, 2, 3, 3), None, t(2, 3, 4, 6, 6), window=(2, 2, 2), stride=(2, 2, 2), padding=(0, 0, 0, 0, 0, 0))),
+    ("adaptive_maxpool forward", lambda K, t: K.pool.adaptive_maxpool_forward(t(2, 3, 9, 7), size=(4, 3))),
+    ("adaptive_maxpool forward float64", lambda K, t: K.pool.adaptive_maxpool_forward(
         t(2, 3, 9, 7, dtype="float64"), size=(1, 1))),
-    ("adaptive_maxpool2d backward", lambda K, t: K.pool.adaptive_maxpool2d_backward(
+    ("adaptive_maxpool backward", lambda K, t: K.pool.adaptive_maxpool_backward(
         t(2, 3, 4, 3), None, t(2, 3, 9, 7), size=(4, 3))),
+    ("adaptive_maxpool 3-d forward", lambda K, t: K.pool.adaptive_maxpool_forward(t(2, 3, 5, 9, 7), size=(2, 4, 3))),
+    # Lp-norm pooling: p = inf is the maximum of |x| (the scan again); finite p sums pow (exp2/log2 and selects)
+    ("lpnormpool inf forward and backward", lambda K, t: K.pool.lpnormpool_backward(
+        t(2, 3, 4, 4), None, t(2, 3, 9, 9), p=float("inf"), window=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0))),
+    ("lpnormpool 1.5 backward float64", lambda K, t: K.pool.lpnormpool_backward(
+        t(2, 3, 5, dtype="float64"), None, t(2, 3, 9, dtype="float64"), p=1.5, window=(3,), stride=(2,),
+        padding=(1, 1))),
 ]
 
 #: PTX types of floating operands

@@ -68,10 +68,10 @@ def test_conv_and_pool_on_one_thread_and_on_two(stride, padding):
     runs = []
     for threads in (1, 2):
         with threadpool_limits(threads, "blas"):
-            y = conv.conv2d_bias_act_forward(x, w, b, **attrs)
-            grads = conv.conv2d_bias_act_backward(np.ones_like(y), y, x, w, b, **attrs)
-            p = pool.maxpool2d_forward(x, (2, 2), (2, 2), (0, 0, 0, 0))
-            runs.append((y, *grads, p, *pool.maxpool2d_backward(p, p, x, (2, 2), (2, 2), (0, 0, 0, 0))))
+            y = conv.conv_bias_act_forward(x, w, b, **attrs)
+            grads = conv.conv_bias_act_backward(np.ones_like(y), y, x, w, b, **attrs)
+            p = pool.maxpool_forward(x, (2, 2), (2, 2), (0, 0, 0, 0))
+            runs.append((y, *grads, p, *pool.maxpool_backward(p, p, x, (2, 2), (2, 2), (0, 0, 0, 0))))
     for one, two in zip(*runs):
         np.testing.assert_allclose(one, two, rtol=1e-5, atol=1e-5)
 
@@ -120,8 +120,8 @@ def test_batchnorm_and_pooling_above_the_threshold_bit_identical_on_two_threads(
             y = norm.batchnorm_train_forward(x, gamma, beta, np.zeros(4, np.float32), np.ones(4, np.float32),
                                              *moved, activation="relu")
             grads = norm.batchnorm_train_backward(g, y, x, gamma, beta, activation="relu")
-            p = pool.maxpool2d_forward(x, (2, 2), (2, 2), (0, 0, 0, 0))
-            runs.append((y, *moved, *grads, *pool.maxpool2d_backward(g[:, :, ::2, ::2], p, x, (2, 2), (2, 2),
+            p = pool.maxpool_forward(x, (2, 2), (2, 2), (0, 0, 0, 0))
+            runs.append((y, *moved, *grads, *pool.maxpool_backward(g[:, :, ::2, ::2], p, x, (2, 2), (2, 2),
                                                                       (0, 0, 0, 0))))
     for one, two in zip(*runs):
         np.testing.assert_array_equal(one, two)

@@ -1,42 +1,64 @@
-"""Strategies and torch oracles for the pool family (maxpool2d, meanpool2d,
-adaptive_maxpool2d, adaptive_meanpool2d).
+"""Strategies and torch oracles for the pool family (maxpool, meanpool,
+lpnormpool, adaptive_maxpool, adaptive_meanpool), any spatial rank.
 
-Inputs: NCHW arrays with N in 0..2 (0 one draw in five), C in 1..3 and spatial sides 1..9 (small:
-the kernels run in the Triton interpreter), random memory layouts. Fixed
-windows: sides 1-3, strides 1-3, for max pooling a dilation of 1-3 about half
-the time, ceil_mode half the time, for mean pooling count_include_pad either
-way; the padding is symmetric and at most half the window (what torch's own
-padding takes) half the time, else asymmetric (each side smaller than the
-window's extent). The input is grown where needed until every window holds
-an input pixel, and in ceil mode half the time until torch's rule drops a
-last window that would start in the bottom/right padding. Adaptive pools: output sides 1..(input side + 3), so both
-downsampling (1 x 1: a global pool) and upsampling windows occur. One mean
-draw in four averages long rows (48-128 pixels) of nearly equal positive
-values, whose sums a 16-bit accumulation would get visibly wrong (the
-reference sums along one axis at a time, so the length along one axis is
-what counts).
+Every draw picks the spatial rank R in (1, 2, 3) first; inputs are then
+(N, C, *spatial) arrays with N in 0..2 (0 one draw in five), C in 1..3 and
+spatial sides 1..9 (1..4 for R = 3, with windows, strides and dilations of at
+most 2, so that a volume costs about what an image does in the interpreter),
+random memory layouts. Fixed windows: sides 1-3, strides 1-3, for max and
+Lp-norm pooling a dilation of 1-3 about half the time, ceil_mode half the
+time, for mean pooling count_include_pad either way; the padding is
+symmetric and at most half the window (what torch's own padding takes) half
+the time, else asymmetric (each side at most half the window's extent). The
+input is grown where needed until every window holds an input position, and
+in ceil mode half the time until torch's rule drops a last window that
+would start in the high padding. Adaptive pools: output sides 1..(input side
++ 3), so both downsampling (all 1: a global pool) and upsampling windows
+occur. One mean draw in four averages long lines (48-128 positions along the
+last axis) of nearly equal positive values, whose sums a 16-bit
+accumulation would get visibly wrong (the reference sums along one axis at
+a time, so the length along one axis is what counts).
 
 Values: for the max pools, about one draw in two comes from {-1, 0, 1, 2,
-NaN} and three in four have a window whose first and last pixels are NaN, so
-that windows hold ties and several NaN (the backward then pins torch's rule:
-the first maximal element in scan order, or the last NaN);
+NaN} and three in four have a window whose first and last positions are
+NaN, so that windows hold ties and several NaN (the backward then pins
+torch's rule: the first maximal element in scan order, or the last NaN);
 about two draws in three mix in NaN, +inf and -inf (``with_nonfinite``: NaN
-must propagate on a GPU, whose max instructions drop it). With
-asymmetric padding no -inf is drawn: the oracle then pads with -inf itself,
-and a window whose real pixels are all -inf would tie with that padding in
-torch (the reference sends its gradient to the first real pixel, as torch's
-own padding does).
+must propagate on a GPU, whose max instructions drop it). With asymmetric
+padding no -inf is drawn: the oracle then pads with -inf itself, and a
+window whose real values are all -inf would tie with that padding in torch
+(the reference sends its gradient to the first real position, as torch's
+own padding does; so for R = 3 too, whose oracle pads where torch's 3-d
+pools refuse an input side below the window).
 
-Oracles: torch's max_pool2d / avg_pool2d with its own padding where that can
-express the case (symmetric, at most half the window), else after an
-explicit ``F.pad`` (-inf for max, 0 for mean; a mean that does not count the
-padding divides window sums by counts of real pixels, both from
-``avg_pool2d(..., divisor_override=1)``), cropped to the output size (torch's
-ceil-mode rule on the padded input keeps windows that start in the bottom
-padding, which the rule on the unpadded input drops);
-adaptive_max_pool2d / adaptive_avg_pool2d.
+lpnormpool: p from {1, 1.5, 2, 3, 4, inf} (PyTorch's LPPool module samples use
+1.5 and 2; 0.75 now and then, on positive inputs) with (a) positive floats
+(the common case, after a relu), (b) the integers -2..2, whose powers and
+sums are exact in every dtype, so that negative values (NaN for non-integer
+p, signed sums for odd p, NaN where such a sum is negative, p = 1 signed
+sums) and windows of zeros (zero sums, whose gradient torch sets to 0) give
+the same NaN and zero positions on every side, or (c) floats of both signs
+for even p and p = inf; NaN and +-inf mixed in as for the max pools. Values
+below 1e-3 in magnitude are drawn as 0: their p-th powers underflow in
+float32 (1e-35^2 = 0), so that a window's float32 sum is 0 where float64's
+is not, and torch's gradient at a zero sum (0) is not the limit there (the
+derivative of |x|, sign(x)); torch in float32 does the same.
+
+Oracles, by rank: torch's max_pool1d/2d/3d / avg_pool1d/2d/3d with its own
+padding where that can express the case (symmetric, at most half the
+window), else after an explicit ``F.pad`` (-inf for max, 0 for mean; a mean
+that does not count the padding divides window sums by counts of real
+positions), cropped to the output size (torch's ceil-mode rule on the padded
+input keeps windows that start in the high padding, which the rule on the
+unpadded input drops); lp_pool1d/2d/3d (zero-padded with F.pad; a dilated
+window's sums from a convolution with a dilated window of ones, put through
+torch's own formula); adaptive_max_pool1d/2d/3d / adaptive_avg_pool1d/2d/3d.
 """
-from . import Case, floats, layouts_for
+import math
+
+import numpy as np
+
+from . import Case, finite_max, floats, layouts_for
 from .elementwise import nonfinite_draw, with_nonfinite
 
 #: the values of a tied draw: windows hold equal maxima, and several NaN
@@ -45,38 +67,46 @@ TIES = (-1.0, 0.0, 1.0, 2.0, float("nan"))
 NONFINITE = (float("nan"), float("inf"), -float("inf"), float("nan"))
 #: batch sizes (an empty batch now and then)
 BATCH = (1, 2, 0, 1, 2)
+#: lpnormpool's p
+P_VALUES = (1.0, 1.5, 2.0, 3.0, 4.0, float("inf"))
+#: the integers of an exact lpnormpool draw
+SMALL_INTS = (-2.0, -1.0, 0.0, 1.0, 2.0)
 
 
-def _spatial_x(draw, st, shape, windows, nonfinite_values):
+def _limits(R):
+    """(largest side, largest window, largest stride, largest dilation) for rank R."""
+    return (4, 2, 2, 2) if R == 3 else (9, 3, 3, 3)
+
+
+def _spatial_x(draw, st, shape, axes, nonfinite_values):
     """(x, note) for ``shape``: floats, maybe with NaN/inf mixed in. For max
-    pools (``windows``: the spec's (rows, cols) PoolAxis) also tied values,
+    pools (``axes``: the spec's PoolAxis per spatial axis) also tied values,
     and windows holding two NaN."""
-    import numpy as np
     from hypothesis.extra import numpy as hnp
-    tied = windows is not None and draw(st.booleans())
+    tied = axes is not None and draw(st.booleans())
     if tied:
         x = draw(hnp.arrays(np.float64, shape, elements=st.sampled_from(TIES)))
     else:
         x = draw(floats(shape, extreme=draw(st.booleans())))
     note = " ties" if tied else ""
-    if windows is not None and draw(st.integers(0, 3)) > 0:
-        note += _two_nan(draw, st, x, *windows)
+    if axes is not None and draw(st.integers(0, 3)) > 0:
+        note += _two_nan(draw, st, x, axes)
     if nonfinite_values and nonfinite_draw(draw):
         x = with_nonfinite(draw, x, nonfinite_values)
         note += " NaN/inf"
     return x, note
 
 
-def _two_nan(draw, st, x, rows, cols):
-    """NaN at the first and the last input pixel (row-major) of a random
-    window, in every image of ``x`` (when the window reads two pixels)."""
-    i, j = draw(st.integers(0, rows.out - 1)), draw(st.integers(0, cols.out - 1))
-    r = rows.index[i][rows.real[i]]
-    c = cols.index[j][cols.real[j]]
-    if r.size * c.size < 2:
+def _two_nan(draw, st, x, axes):
+    """NaN at the first and the last input position (row-major) of a random
+    window, in every image of ``x`` (when the window reads two positions)."""
+    i = tuple(draw(st.integers(0, a.out - 1)) for a in axes)
+    taps = [a.index[j][a.real[j]] for a, j in zip(axes, i)]
+    if math.prod(t.size for t in taps) < 2:
         return ""
-    x[:, :, r[0], c[0]] = x[:, :, r[-1], c[-1]] = float("nan")
-    return f" two NaN in window {(i, j)}"
+    x[(slice(None), slice(None)) + tuple(int(t[0]) for t in taps)] = float("nan")
+    x[(slice(None), slice(None)) + tuple(int(t[-1]) for t in taps)] = float("nan")
+    return f" two NaN in window {i}"
 
 
 def _torch_out(n, k, s, lo, hi, d, ceil_mode):
@@ -89,12 +119,12 @@ def _torch_out(n, k, s, lo, hi, d, ceil_mode):
     return out - dropped, dropped
 
 
-def _side(draw, st, k, s, lo, hi, d, ceil_mode):
-    """An input side from 1..9, grown until every window holds an input
+def _side(draw, st, k, s, lo, hi, d, ceil_mode, largest):
+    """An input side from 1..largest, grown until every window holds an input
     position; in ceil mode half the time also until torch's rule drops the
-    last window (it would start inside the bottom/right padding), where
-    there is such a side close by."""
-    n = draw(st.integers(1, 9))
+    last window (it would start inside the high padding), where there is
+    such a side close by."""
+    n = draw(st.integers(1, largest))
     drop = ceil_mode and draw(st.booleans())
     first = None
     for m in range(n, n + 4 * d * k + 2 * s + 4):
@@ -109,148 +139,281 @@ def _side(draw, st, k, s, lo, hi, d, ceil_mode):
     return first
 
 
-def _pool_case(draw, st, is_max):
-    from ..specs.pool import pool2d_spec
-    if not is_max and draw(st.integers(0, 3)) == 0:
-        return _long_mean_case(draw, st)
-    kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    dilated = is_max and draw(st.booleans())
-    dh, dw = (draw(st.integers(1, 3)), draw(st.integers(1, 3))) if dilated else (1, 1)
-    eh, ew = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+def _pool_case(draw, st, kind):
+    """A maxpool ("max"), meanpool ("mean") or lpnormpool ("lp") case."""
+    from ..specs.pool import pool_spec
+    R = draw(st.sampled_from((1, 2, 3)))
+    if kind == "mean" and draw(st.integers(0, 3)) == 0:
+        return _long_mean_case(draw, st, R)
+    largest, kmax, smax, dmax = _limits(R)
+    window = tuple(draw(st.integers(1, kmax)) for _ in range(R))
+    stride = tuple(draw(st.integers(1, smax)) for _ in range(R))
+    dilated = kind != "mean" and draw(st.booleans())
+    dilation = tuple(draw(st.integers(1, dmax)) for _ in range(R)) if dilated else (1,) * R
+    extent = [d * (k - 1) + 1 for k, d in zip(window, dilation)]
     symmetric = draw(st.booleans())
     if symmetric:
-        ph, pw = draw(st.integers(0, kh // 2)), draw(st.integers(0, kw // 2))
-        pad = (ph, ph, pw, pw)
+        pad = tuple(v for k in window for v in (draw(st.integers(0, k // 2)),) * 2)
     else:
-        pad = (draw(st.integers(0, eh - 1)), draw(st.integers(0, eh - 1)),
-               draw(st.integers(0, ew - 1)), draw(st.integers(0, ew - 1)))
+        pad = tuple(draw(st.integers(0, e // 2)) for e in extent for _ in range(2))
     ceil_mode = draw(st.booleans())
-    n, c = draw(st.sampled_from(BATCH)), draw(st.integers(1, 3))     # torch refuses C = 0 (the family tests cover it)
-    h = _side(draw, st, kh, sh, pad[0], pad[1], dh, ceil_mode)
-    w = _side(draw, st, kw, sw, pad[2], pad[3], dw, ceil_mode)
-    values = NONFINITE if symmetric else tuple(v for v in NONFINITE if v != -float("inf"))
-    spec = pool2d_spec("maxpool2d" if is_max else "meanpool2d", (n, c, h, w), "float64", (kh, kw), (sh, sw), pad,
-                       (dh, dw), ceil_mode)
-    windows = (spec.rows, spec.cols) if is_max else None
-    x, note = _spatial_x(draw, st, (n, c, h, w), windows, values)
-    attrs = {"window": (kh, kw), "stride": (sh, sw), "padding": pad, "ceil_mode": ceil_mode}
-    if is_max:
-        attrs["dilation"] = (dh, dw)
+    n, c = draw(st.sampled_from(BATCH)), draw(st.integers(1, 2 if R == 3 else 3))   # torch refuses C = 0
+    sides = tuple(_side(draw, st, window[a], stride[a], pad[2 * a], pad[2 * a + 1], dilation[a], ceil_mode, largest)
+                  for a in range(R))
+    shape = (n, c) + sides
+    attrs = {"window": window, "stride": stride, "padding": pad, "ceil_mode": ceil_mode}
+    if kind == "lp":
+        x, note, p = _lp_x(draw, st, shape, draw(st.sampled_from(P_VALUES)))
+        attrs = {"p": p, **attrs, "dilation": dilation}
     else:
-        attrs["count_include_pad"] = draw(st.booleans())
-    return Case(inputs=(x,), attrs=attrs, layouts=draw(layouts_for(1)),
-                note=f"{x.shape} {attrs}" + note)
+        name = "maxpool" if kind == "max" else "meanpool"
+        values = NONFINITE if symmetric and R < 3 else tuple(v for v in NONFINITE if v != -float("inf"))
+        spec = pool_spec(name, shape, "float64", window, stride, pad, dilation if kind == "max" else None, ceil_mode)
+        x, note = _spatial_x(draw, st, shape, spec.axes if kind == "max" else None, values)
+        if kind == "max":
+            attrs["dilation"] = dilation
+        else:
+            attrs["count_include_pad"] = draw(st.booleans())
+    return Case(inputs=(x,), attrs=attrs, layouts=draw(layouts_for(1)), note=f"{x.shape} {attrs}" + note)
 
 
-def _long_mean_case(draw, st):
-    """Means over long rows (windows 48-64 pixels wide, stride 1 along W, so
-    every pixel is in dozens of windows too) of nearly equal positive values:
-    the sums grow with every term, and a 16-bit accumulation (the reference
-    sums along one axis at a time) loses several units in the last place."""
-    kh, kw = draw(st.integers(1, 2)), draw(st.integers(48, 64))
+def _lp_x(draw, st, shape, p):
+    """lpnormpool's input for ``p`` (see the module docstring), a note and the p to use."""
+    from hypothesis.extra import numpy as hnp
+    kind = draw(st.integers(0, 2))
+    if kind == 1:
+        x = draw(hnp.arrays(np.float64, shape, elements=st.sampled_from(SMALL_INTS)))
+        note = " small ints"
+    elif kind == 2 and (p == float("inf") or p % 2 == 0):
+        x = draw(floats(shape, extreme=draw(st.booleans())))
+        note = " signed"
+    else:
+        low = 0.25 if draw(st.integers(0, 3)) == 0 else 0.0
+        x = draw(floats(shape, low, 3.0, extreme=draw(st.booleans())))
+        note = " positive"
+        if low > 0 and draw(st.booleans()):
+            x = np.maximum(x, low)                  # (extreme draws add zeros)
+            note += ", p = 0.75"
+            p = 0.75
+    with np.errstate(invalid="ignore"):
+        x = np.where(np.abs(x) < 1e-3, 0.0, x)      # (see the module docstring: no underflowing powers)
+    if nonfinite_draw(draw, out_of=4):
+        x = with_nonfinite(draw, x, NONFINITE)
+        note += " NaN/inf"
+    return x, note, p
+
+
+def _long_mean_case(draw, st, R):
+    """Means over long lines (windows 48-64 positions along the last axis,
+    stride 1 there, so every position is in dozens of windows too) of nearly
+    equal positive values: the sums grow with every term, and a 16-bit
+    accumulation (the reference sums along one axis at a time) loses several
+    units in the last place."""
+    window = tuple(draw(st.integers(1, 2 if R == 2 else 1)) for _ in range(R - 1)) + (draw(st.integers(48, 64)),)
     n, c = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    h, w = draw(st.integers(kh, kh + 2)), draw(st.integers(kw + 16, kw + 32))
-    x = draw(floats((n, c, h, w), 0.25, 0.35))
-    attrs = {"window": (kh, kw), "stride": (1, 1), "padding": (0, 0, 0, 0),
+    sides = tuple(draw(st.integers(k, k + 2 if R == 2 else k + 1)) for k in window[:-1]) + \
+        (draw(st.integers(window[-1] + 16, window[-1] + 32)),)
+    x = draw(floats((n, c) + sides, 0.25, 0.35))
+    attrs = {"window": window, "stride": (1,) * R, "padding": (0,) * (2 * R),
              "ceil_mode": draw(st.booleans()), "count_include_pad": True}
     return Case(inputs=(x,), attrs=attrs, layouts=draw(layouts_for(1)), note=f"{x.shape} {attrs} long windows")
 
 
 def _adaptive_case(draw, st, is_max):
-    from ..specs.pool import adaptive_pool2d_spec
-    n, c = draw(st.sampled_from(BATCH)), draw(st.integers(1, 3))
-    long = not is_max and draw(st.integers(0, 3)) == 0        # means of rows of 96-128 positive values
-    h, w = (draw(st.integers(2, 4)), draw(st.integers(96, 128))) if long else \
-        (draw(st.integers(1, 9)), draw(st.integers(1, 9)))
-    size = (h, draw(st.integers(1, 2))) if long else (draw(st.integers(1, h + 3)), draw(st.integers(1, w + 3)))
+    from ..specs.pool import adaptive_pool_spec
+    R = draw(st.sampled_from((1, 2, 3)))
+    n, c = draw(st.sampled_from(BATCH)), draw(st.integers(1, 2 if R == 3 else 3))
+    long = not is_max and draw(st.integers(0, 3)) == 0        # means of lines of 96-128 positive values
     if long:
-        x = draw(floats((n, c, h, w), 0.25, 0.35))
+        sides = tuple(draw(st.integers(1, 3 if R == 2 else 2)) for _ in range(R - 1)) + (draw(st.integers(96, 128)),)
+        size = sides[:-1] + (draw(st.integers(1, 2)),)
+        x = draw(floats((n, c) + sides, 0.25, 0.35))
         return Case(inputs=(x,), attrs={"size": size}, layouts=draw(layouts_for(1)),
                     note=f"{x.shape} -> {size} long windows")
-    windows = None
-    if is_max:
-        spec = adaptive_pool2d_spec("adaptive_maxpool2d", (n, c, h, w), "float64", size)
-        windows = (spec.rows, spec.cols)
-    x, note = _spatial_x(draw, st, (n, c, h, w), windows, NONFINITE)
-    return Case(inputs=(x,), attrs={"size": size}, layouts=draw(layouts_for(1)),
-                note=f"{x.shape} -> {size}" + note)
+    largest = _limits(R)[0]
+    sides = tuple(draw(st.integers(1, largest)) for _ in range(R))
+    size = tuple(draw(st.integers(1, s + (1 if R == 3 else 3))) for s in sides)
+    axes = adaptive_pool_spec("adaptive_maxpool", (n, c) + sides, "float64", size).axes if is_max else None
+    x, note = _spatial_x(draw, st, (n, c) + sides, axes, NONFINITE)
+    return Case(inputs=(x,), attrs={"size": size}, layouts=draw(layouts_for(1)), note=f"{x.shape} -> {size}" + note)
 
 
-def maxpool2d_strategy(dtype):
+def maxpool_strategy(dtype):
     from hypothesis import strategies as st
-    return st.composite(lambda draw: _pool_case(draw, st, True))()
+    return st.composite(lambda draw: _pool_case(draw, st, "max"))()
 
 
-def meanpool2d_strategy(dtype):
+def meanpool_strategy(dtype):
     from hypothesis import strategies as st
-    return st.composite(lambda draw: _pool_case(draw, st, False))()
+    return st.composite(lambda draw: _pool_case(draw, st, "mean"))()
 
 
-def adaptive_maxpool2d_strategy(dtype):
+def lpnormpool_strategy(dtype):
+    from hypothesis import strategies as st
+    return st.composite(lambda draw: _pool_case(draw, st, "lp"))()
+
+
+def adaptive_maxpool_strategy(dtype):
     from hypothesis import strategies as st
     return st.composite(lambda draw: _adaptive_case(draw, st, True))()
 
 
-def adaptive_meanpool2d_strategy(dtype):
+def adaptive_meanpool_strategy(dtype):
     from hypothesis import strategies as st
     return st.composite(lambda draw: _adaptive_case(draw, st, False))()
 
 
+def lpnormpool_magnitude(direction, *, inputs, attrs, out=None, grad=None, reference=None):
+    """The size of the terms lpnormpool adds up: the same computation on |x|
+    (and |g|). With p = 1 or odd p over values of both signs the window sums
+    cancel, and the sum of |x|^p is what a rounding error is relative to."""
+    x = np.abs(inputs[0])
+    if direction == "forward":
+        return finite_max(reference(x, **attrs))
+    return (finite_max(reference(np.abs(grad), None, x, **attrs)[0]),)
+
+
 # --- oracles -------------------------------------------------------------------------------------
 
+def _fn(kind, R):
+    import torch.nn.functional as F
+    return getattr(F, f"{kind}{R}d")
+
+
 def _torch_padding(window, padding):
-    """torch's own (ph, pw) for ``padding`` when it can express it (symmetric,
-    at most half the window: torch checks the window's extent for a
-    non-empty batch but its size for an empty one), else None."""
-    pt, pb, pl, pr = padding
-    if pt == pb and pl == pr and 2 * pt <= window[0] and 2 * pl <= window[1]:
-        return (pt, pl)
+    """torch's own padding (one per axis) for ``padding`` when it can express
+    it (symmetric, at most half the window: torch checks the window's extent
+    for a non-empty batch but its size for an empty one), else None."""
+    lo, hi = padding[0::2], padding[1::2]
+    if lo == hi and all(2 * p <= k for p, k in zip(lo, window)):
+        return tuple(lo)
     return None
+
+
+def _torch_pads(padding):
+    """``padding`` (lo_0, hi_0, lo_1, hi_1, ...) in F.pad's order (the last axis first)."""
+    R = len(padding) // 2
+    return tuple(v for a in reversed(range(R)) for v in (padding[2 * a], padding[2 * a + 1]))
 
 
 def _out_size(x, window, stride, padding, dilation, ceil_mode):
     """torch's output size for the unpadded input (the oracle does not lean on the spec's geometry)."""
     return tuple(_torch_out(int(x.shape[2 + a]), window[a], stride[a], padding[2 * a], padding[2 * a + 1],
-                            dilation[a], ceil_mode)[0] for a in range(2))
+                            dilation[a], ceil_mode)[0] for a in range(len(window)))
 
 
-def maxpool2d_torch(x, window, stride, padding, dilation=(1, 1), ceil_mode=False):
+def _crop(y, sides):
+    return y[(slice(None), slice(None)) + tuple(slice(0, s) for s in sides)]
+
+
+def _padded(x, padding, sides, window, stride, dilation, value):
+    """x padded by ``padding`` with ``value``, and past the high padding by
+    as much as the last of ``sides`` windows reads there (a ceil-mode window):
+    torch's pools then need neither their ceil mode nor their own padding
+    (torch's 3-d pools refuse an input side below the window, padding or not)."""
     import torch.nn.functional as F
+    R = len(window)
+    xp = F.pad(x, _torch_pads(padding), value=value)
+    extra = [max(0, (o - 1) * s + d * (k - 1) + 1 - n)
+             for o, s, k, d, n in zip(sides, stride, window, dilation, xp.shape[2:])]
+    if any(extra):
+        xp = F.pad(xp, tuple(v for a in reversed(range(R)) for v in (0, extra[a])), value=value)
+    return xp
+
+
+def maxpool_torch(x, window, stride, padding, dilation=None, ceil_mode=False):
+    R = len(window)
+    window, stride = tuple(window), tuple(stride)
+    dilation = (1,) * R if dilation is None else tuple(dilation)
+    pool = _fn("max_pool", R)
     own = _torch_padding(window, padding)
     if own is not None:
-        return F.max_pool2d(x, tuple(window), tuple(stride), own, tuple(dilation), ceil_mode=ceil_mode)
-    Ho, Wo = _out_size(x, window, stride, padding, dilation, ceil_mode)
-    pt, pb, pl, pr = padding
-    xp = F.pad(x, (pl, pr, pt, pb), value=-float("inf"))
-    return F.max_pool2d(xp, tuple(window), tuple(stride), 0, tuple(dilation), ceil_mode=ceil_mode)[:, :, :Ho, :Wo]
+        try:
+            return pool(x, window, stride, own, dilation, ceil_mode=ceil_mode)
+        except RuntimeError:    # torch's 3-d pools refuse an input side below the window, padding or not
+            pass
+    sides = _out_size(x, window, stride, padding, dilation, ceil_mode)
+    xp = _padded(x, padding, sides, window, stride, dilation, -float("inf"))
+    return _crop(pool(xp, window, stride, 0, dilation), sides)
 
 
-def meanpool2d_torch(x, window, stride, padding, ceil_mode=False, count_include_pad=True):
+def _window_sums(x, window, stride, dilation=None):
+    """sum over each (floor-mode) window of x: torch's avg_pool with divisor 1
+    (1-d through avg_pool2d, which has it), or for dilated windows a
+    convolution with a dilated window of ones."""
+    import torch
+    R = len(window)
+    if dilation is not None and any(d != 1 for d in dilation):
+        N, C = x.shape[:2]
+        ones = torch.ones((1, 1) + tuple(window), dtype=x.dtype)
+        y = _fn("conv", R)(x.reshape((N * C, 1) + tuple(x.shape[2:])), ones, stride=stride, dilation=dilation)
+        return y.reshape((N, C) + tuple(y.shape[2:]))
+    if R == 1:
+        y = _fn("avg_pool", 2)(x.unsqueeze(-2), (1,) + tuple(window), (1,) + tuple(stride), 0, divisor_override=1)
+        return y.squeeze(-2)
+    return _fn("avg_pool", R)(x, tuple(window), tuple(stride), 0, divisor_override=1)
+
+
+def _counts(x, padding, sides, window, stride, dilation, real_only):
+    """The taps of each window inside the padded input (or inside the input, ``real_only``)."""
     import torch
     import torch.nn.functional as F
+    ones = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=x.dtype)
+    if not real_only:
+        ones = F.pad(ones, _torch_pads(padding), value=1.0)
+        padding = (0,) * len(padding)
+    return _window_sums(_padded(ones, padding, sides, window, stride, dilation, 0.0), window, stride, dilation)
+
+
+def meanpool_torch(x, window, stride, padding, ceil_mode=False, count_include_pad=True):
+    R = len(window)
+    window, stride = tuple(window), tuple(stride)
     own = _torch_padding(window, padding)
     if own is not None:
-        return F.avg_pool2d(x, tuple(window), tuple(stride), own, ceil_mode=ceil_mode,
-                            count_include_pad=count_include_pad)
-    Ho, Wo = _out_size(x, window, stride, padding, (1, 1), ceil_mode)
-    pt, pb, pl, pr = padding
-    pads = (pl, pr, pt, pb)
-    if count_include_pad:       # the padded input's zeros count; torch clips a ceil window to it
-        out = F.avg_pool2d(F.pad(x, pads, value=0.0), tuple(window), tuple(stride), 0, ceil_mode=ceil_mode)
-        return out[:, :, :Ho, :Wo]
-    sums = F.avg_pool2d(F.pad(x, pads, value=0.0), tuple(window), tuple(stride), 0, ceil_mode=ceil_mode,
-                        divisor_override=1)
-    real = F.pad(torch.ones((1, 1) + tuple(x.shape[2:]), dtype=x.dtype), pads, value=0.0)
-    counts = F.avg_pool2d(real, tuple(window), tuple(stride), 0, ceil_mode=ceil_mode, divisor_override=1)
-    return (sums / counts)[:, :, :Ho, :Wo]
+        try:
+            return _fn("avg_pool", R)(x, window, stride, own, ceil_mode=ceil_mode, count_include_pad=count_include_pad)
+        except RuntimeError:    # (as maxpool_torch)
+            pass
+    sides = _out_size(x, window, stride, padding, (1,) * R, ceil_mode)
+    sums = _window_sums(_padded(x, padding, sides, window, stride, (1,) * R, 0.0), window, stride)
+    counts = _counts(x, padding, sides, window, stride, (1,) * R, not count_include_pad)
+    return _crop(sums, sides) / _crop(counts, sides)
 
 
-def adaptive_maxpool2d_torch(x, size):
+def lpnormpool_torch(x, p, window, stride, padding, dilation=None, ceil_mode=False):
+    """torch's lp_pool1d/2d/3d: of x itself where torch can express the case,
+    else of the zero-padded x; where torch's lp_pool cannot (a dilated window,
+    a 3-d input side below the window) through torch's own formula, avg =
+    window sums of x^p / the window's taps inside the padded input, then
+    (sign(avg) relu(|avg|) prod(k))^(1/p)."""
+    import torch
     import torch.nn.functional as F
-    return F.adaptive_max_pool2d(x, tuple(size))
+    R = len(window)
+    window, stride = tuple(window), tuple(stride)
+    dilation = (1,) * R if dilation is None else tuple(dilation)
+    def lp_pool(x, p, window, stride, ceil_mode):
+        if R == 1:                  # (lp_pool1d takes ints)
+            return F.lp_pool1d(x, p, window[0], stride[0], ceil_mode)
+        return _fn("lp_pool", R)(x, p, window, stride, ceil_mode)
+    sides = _out_size(x, window, stride, padding, dilation, ceil_mode)
+    if dilation == (1,) * R:
+        try:
+            if not any(padding):
+                return lp_pool(x, p, window, stride, ceil_mode)
+            return _crop(lp_pool(F.pad(x, _torch_pads(padding)), p, window, stride, ceil_mode), sides)
+        except RuntimeError:    # (as maxpool_torch)
+            pass
+    xp = _padded(x, padding, sides, window, stride, dilation, 0.0)
+    if p == float("inf"):
+        return _crop(_fn("max_pool", R)(xp.abs(), window, stride, 0, dilation), sides)
+    sums = _window_sums(xp.pow(p), window, stride, dilation)
+    avg = _crop(sums, sides) / _crop(_counts(x, padding, sides, window, stride, dilation, False), sides)
+    return (torch.sign(avg) * F.relu(torch.abs(avg))).mul(math.prod(window)).pow(1.0 / p)
 
 
-def adaptive_meanpool2d_torch(x, size):
-    import torch.nn.functional as F
-    return F.adaptive_avg_pool2d(x, tuple(size))
+def adaptive_maxpool_torch(x, size):
+    return _fn("adaptive_max_pool", len(size))(x, tuple(size))
+
+
+def adaptive_meanpool_torch(x, size):
+    return _fn("adaptive_avg_pool", len(size))(x, tuple(size))
