@@ -52,8 +52,15 @@ def _models():
     cells = tf.Chain(rnn=tf.RNNCell(3, 4, tf.relu), lstm=tf.LSTMCell(3, 4), gru=tf.GRUCell(3, 4))
     low = tf.bf16(tf.Chain(tf.Dense(3, 4, tf.swish), tf.Dense(4, 2)))
     unet = models.UNet(3, 2, depth=2, base_channels=4)
+    # the layers of every spatial rank and their options: 1-d, 3-d, pad_mode, Flux's names
+    spatial = tf.Chain(tf.Conv((3,), 2, 4, pad=1, pad_mode="reflect"), tf.DepthwiseConv((3,), 4, 8, pad=(0, 2)),
+                       tf.CrossCor((1,), 8, 8), tf.MaxPool((2,)), tf.Upsample("linear", scale=2))
+    volume = tf.Chain(tf.Conv((2, 2, 2), 1, 8, pad=((0, 1), (1, 0), (0, 1))), tf.PixelShuffle(2),
+                      tf.AdaptiveMeanPool((2, 3, 2)))
+    unet3d = models.UNet(1, 2, depth=1, base_channels=2, spatial_dims=3)
     return [(img, tf.randn(2, 2, 7, 7)), (trainmode_dropout, None), (seq, tf.randn(2, 3, 3)),
-            (cells, tf.randn(2, 3)), (low, tf.bf16(tf.randn(2, 3))), (unet, tf.randn(1, 3, 8, 8))]
+            (cells, tf.randn(2, 3)), (low, tf.bf16(tf.randn(2, 3))), (unet, tf.randn(1, 3, 8, 8)),
+            (spatial, tf.randn(2, 2, 6)), (volume, tf.randn(1, 1, 2, 3, 2)), (unet3d, tf.randn(1, 1, 2, 4, 2))]
 
 
 #: the model whose outputs are compared on the interpreter's CUDA device too (the others' arrays are)

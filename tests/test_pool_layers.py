@@ -102,7 +102,8 @@ def test_upsample_spellings():
                   tf.Upsample(scale=2, mode="bilinear"), tf.Upsample(mode="bilinear", scale=(2, 2)),
                   tf.Upsample(":bilinear", scale=2)):
         assert (layer.mode, layer.scale, layer.size, layer.align_corners) == ("bilinear", (2, 2), None, False)
-    assert tf.Upsample(2).mode == "nearest" and tf.Upsample(scale=2).scale == (2, 2)
+    # nearest keeps one scale for every spatial axis of its input (any rank)
+    assert tf.Upsample(2).mode == "nearest" and tf.Upsample(scale=2).scale == 2
 
 
 def test_printing_like_flux():
@@ -133,8 +134,9 @@ def test_printing_like_flux():
     (lambda: tf.Upsample("nearest", size=(0, 4)), r"Upsample: size must be a positive int"),
     (lambda: tf.Upsample("nearest", size=(2.5, 4)), r"Upsample: size must be a positive int"),
     (lambda: tf.Upsample("nearest", scale=2, align_corners=True),
-     r"Upsample: align_corners applies to the bilinear mode only; use Upsample\('bilinear'"),
-    (lambda: tf.Upsample("bicubic", scale=2), r"Upsample: mode must be 'nearest' or 'bilinear'"),
+     r"Upsample: align_corners applies to the linear modes only \(linear, bilinear, trilinear\); use "
+     r"Upsample\('bilinear'"),
+    (lambda: tf.Upsample("bicubic", scale=2), r"Upsample: mode must be one of \('nearest', 'linear', 'bilinear', 'trilinear'\)"),
     (lambda: tf.Upsample("bilinear", 2, scale=3), r"Upsample: the positional arguments"),
     (lambda: tf.MaxPool(2, dilation=0), r"MaxPool: dilation must be a positive int"),
     (lambda: tf.MaxPool(0), r"MaxPool: the window must be a positive int"),
@@ -158,7 +160,8 @@ def test_bad_options_name_the_layer_and_the_fix(make, match):
     (tf.Upsample("nearest", scale=0.3), (1, 1, 3, 3), r"Upsample\(:nearest, scale=0.3\) cannot resize an input "
                                                       r"of shape \(1, 1, 3, 3\).*larger scale, or size="),
     (tf.AdaptiveMaxPool(2), (2, 3, 4), r"AdaptiveMaxPool\(\(2, 2\)\) expects a 4-d"),
-    (tf.Upsample(2), (2, 3, 4), r"Upsample\(:nearest, scale=2\) expects a 4-d"),
+    (tf.Upsample("bilinear"), (2, 3, 4), r"Upsample\(:bilinear, scale=2\) expects a 4-d"),
+    (tf.Upsample(2), (2, 3), r"Upsample\(:nearest, scale=2\) expects a 3-d \(N, C, L\)"),
     (tf.GlobalMaxPool(), (2, 3), r"GlobalMaxPool\(\) expects \(N, C, spatial...\)"),
 ])
 def test_bad_inputs_name_the_layer_and_the_fix(layer, shape, match):

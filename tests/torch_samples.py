@@ -22,17 +22,22 @@ class Unsupported(Exception):
     """A sample that asks for something triflux deliberately does not offer."""
 
 
-def _pair(v):
+def _ntuple(v, n):
+    """torch's int-or-sequence argument as ``n`` ints (a 1-sequence repeats)."""
     if isinstance(v, (list, tuple)):
         if len(v) == 1:
-            return (int(v[0]), int(v[0]))
+            return (int(v[0]),) * n
         return tuple(int(s) for s in v)
-    return (int(v), int(v))
+    return (int(v),) * n
+
+
+def _pair(v):
+    return _ntuple(v, 2)
 
 
 def _spatial(fn, x, n_spatial=2):
     """Run ``fn`` on ``x`` with a batch axis added when torch's sample is
-    unbatched (C, H, W): triflux's spatial layers take (N, C, H, W) only."""
+    unbatched (C, *spatial): triflux's spatial layers take (N, C, *spatial) only."""
     if x.ndim == n_spatial + 1:
         y = fn(tf.reshape(x, (1,) + x.shape))
         return tf.reshape(y, y.shape[1:])
@@ -51,95 +56,112 @@ def linear(input, weight, bias=None):
     return layer(input)
 
 
-def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    if isinstance(padding, str):
-        if padding == "valid":
-            padding = 0
-        elif any(s != 1 for s in _pair(stride)):
-            raise Unsupported("padding='same' with stride > 1 (torch refuses it too)")
-    o, cg, kh, kw = weight.shape
-    layer = tf.Conv((kh, kw), cg * groups, o, stride=_pair(stride), pad=padding if padding == "same" else _pair(padding),
-                    dilation=_pair(dilation), groups=groups, bias=bias is not None)
-    layer.weight = weight
-    if bias is not None:
-        layer.bias = bias
-    return _spatial(layer, input)
+def conv(rank):
+    """torch's F.conv1d/2d/3d as triflux's Conv with a kernel of ``rank`` entries."""
+    def fn(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        if isinstance(padding, str):
+            if padding == "valid":
+                padding = 0
+            elif any(s != 1 for s in _ntuple(stride, rank)):
+                raise Unsupported("padding='same' with stride > 1 (torch refuses it too)")
+        o, cg = weight.shape[:2]
+        layer = tf.Conv(tuple(weight.shape[2:]), cg * groups, o, stride=_ntuple(stride, rank),
+                        pad=padding if padding == "same" else _ntuple(padding, rank),
+                        dilation=_ntuple(dilation, rank), groups=groups, bias=bias is not None)
+        layer.weight = weight
+        if bias is not None:
+            layer.bias = bias
+        return _spatial(layer, input, rank)
+    return fn
 
 
-def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
-    c, og, kh, kw = weight.shape
-    layer = tf.ConvTranspose((kh, kw), c, og * groups, stride=_pair(stride), pad=_pair(padding),
-                             outpad=_pair(output_padding), dilation=_pair(dilation), groups=groups,
-                             bias=bias is not None)
-    layer.weight = weight
-    if bias is not None:
-        layer.bias = bias
-    return _spatial(layer, input)
+def conv_transpose(rank):
+    """torch's F.conv_transpose1d/2d/3d as triflux's ConvTranspose."""
+    def fn(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+        c, og = weight.shape[:2]
+        layer = tf.ConvTranspose(tuple(weight.shape[2:]), c, og * groups, stride=_ntuple(stride, rank),
+                                 pad=_ntuple(padding, rank), outpad=_ntuple(output_padding, rank),
+                                 dilation=_ntuple(dilation, rank), groups=groups, bias=bias is not None)
+        layer.weight = weight
+        if bias is not None:
+            layer.bias = bias
+        return _spatial(layer, input, rank)
+    return fn
 
 
-def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    stride = kernel_size if stride is None or stride == [] else stride
-    layer = tf.MaxPool(_pair(kernel_size), stride=_pair(stride), pad=_pair(padding), dilation=_pair(dilation),
-                       ceil_mode=bool(ceil_mode))
-    return _spatial(layer, input)
+def max_pool(rank):
+    def fn(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+        stride = kernel_size if stride is None or stride == [] else stride
+        layer = tf.MaxPool(_ntuple(kernel_size, rank), stride=_ntuple(stride, rank), pad=_ntuple(padding, rank),
+                           dilation=_ntuple(dilation, rank), ceil_mode=bool(ceil_mode))
+        return _spatial(layer, input, rank)
+    return fn
 
 
-def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
-    if divisor_override is not None:
-        raise Unsupported("divisor_override (not in Flux)")
-    stride = kernel_size if stride is None or stride == [] else stride
-    layer = tf.MeanPool(_pair(kernel_size), stride=_pair(stride), pad=_pair(padding), ceil_mode=bool(ceil_mode),
-                        count_include_pad=bool(count_include_pad))
-    return _spatial(layer, input)
+def avg_pool(rank):
+    def fn(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+           divisor_override=None):
+        if divisor_override is not None:
+            raise Unsupported("divisor_override (not in Flux)")
+        stride = kernel_size if stride is None or stride == [] else stride
+        layer = tf.MeanPool(_ntuple(kernel_size, rank), stride=_ntuple(stride, rank), pad=_ntuple(padding, rank),
+                            ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad))
+        return _spatial(layer, input, rank)
+    return fn
 
 
-def _adaptive_size(output_size, x):
-    size = output_size if isinstance(output_size, (list, tuple)) else (output_size, output_size)
+def lp_pool(rank):
+    """torch's F.lp_pool1d/2d/3d as triflux.ops.lpnormpool (NNlib's name)."""
+    def fn(input, norm_type, kernel_size, stride=None, ceil_mode=False):
+        window = _ntuple(kernel_size, rank)
+        stride = window if stride is None or stride == [] else _ntuple(stride, rank)
+        return _spatial(lambda x: tf.ops.lpnormpool(x, norm_type, window, stride, ceil_mode=bool(ceil_mode)),
+                        input, rank)
+    return fn
+
+
+def _adaptive_size(output_size, x, rank):
+    size = output_size if isinstance(output_size, (list, tuple)) else (output_size,) * rank
     if len(size) == 1:
-        size = (size[0], size[0])
-    return tuple(x.shape[-2 + i] if s is None else int(s) for i, s in enumerate(size))
+        size = (size[0],) * rank
+    return tuple(x.shape[-rank + i] if s is None else int(s) for i, s in enumerate(size))
 
 
-def adaptive_avg_pool2d(input, output_size):
-    return _spatial(tf.AdaptiveMeanPool(_adaptive_size(output_size, input)), input)
+def adaptive_avg_pool(rank):
+    def fn(input, output_size):
+        return _spatial(tf.AdaptiveMeanPool(_adaptive_size(output_size, input, rank)), input, rank)
+    return fn
 
 
-def adaptive_max_pool2d(input, output_size, return_indices=False):
-    return _spatial(tf.AdaptiveMaxPool(_adaptive_size(output_size, input)), input)
+def adaptive_max_pool(rank):
+    def fn(input, output_size, return_indices=False):
+        return _spatial(tf.AdaptiveMaxPool(_adaptive_size(output_size, input, rank)), input, rank)
+    return fn
+
+
+#: torch's interpolation mode -> the spatial rank it needs (nearest: any)
+_INTERPOLATE_RANK = {"nearest": None, "linear": 1, "bilinear": 2, "trilinear": 3}
 
 
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                 recompute_scale_factor=None, antialias=False):
-    if mode not in ("nearest", "bilinear"):
+    if mode not in _INTERPOLATE_RANK:
         raise Unsupported(f"mode={mode!r}")
     if antialias:
         raise Unsupported("antialias")
-    if input.ndim == 3:
-        # 1-d resizing of (N, C, L) is the 2-d one of (N, C, 1, L) with the height kept
-        wide = lambda v: None if v is None else (1, v[0] if isinstance(v, (list, tuple)) else v)
-        y = interpolate(tf.reshape(input, (input.shape[0], input.shape[1], 1, input.shape[2])),
-                        wide(size), wide(scale_factor), mode, align_corners, recompute_scale_factor)
-        return tf.reshape(y, (y.shape[0], y.shape[1], y.shape[3]))
-    if input.ndim != 4:
-        raise Unsupported(f"{input.ndim}-d input (triflux's Upsample is 2-d: (N, C, H, W))")
+    rank = input.ndim - 2
+    if not 1 <= rank <= 3 or _INTERPOLATE_RANK[mode] not in (None, rank):
+        raise Unsupported(f"{input.ndim}-d input to mode {mode!r}")
+    linear = mode != "nearest"
     if size is not None:
-        layer = tf.Upsample(mode, size=_pair(size))
-    else:
-        if recompute_scale_factor:
-            # torch then uses the output size floor(in * scale) as the size
-            hs, ws = (scale_factor if isinstance(scale_factor, (list, tuple)) else (scale_factor,) * 2)
-            size = (int(np.floor(input.shape[2] * hs)), int(np.floor(input.shape[3] * ws)))
-            layer = tf.Upsample(mode, size=size, align_corners=bool(align_corners))  \
-                if mode == "bilinear" else tf.Upsample(mode, size=size)
-            return layer(input)
-        sf = tuple(scale_factor) if isinstance(scale_factor, (list, tuple)) else scale_factor
-        layer = tf.Upsample(mode, scale=sf, align_corners=bool(align_corners)) if mode == "bilinear" \
-            else tf.Upsample(mode, scale=sf)
-        return layer(input)
-    if mode == "bilinear":
-        layer = tf.Upsample(mode, size=_pair(size), align_corners=bool(align_corners))
-    return layer(input)
+        return tf.Upsample(mode, size=_ntuple(size, rank), align_corners=bool(align_corners) and linear)(input)
+    sf = tuple(float(v) for v in scale_factor) if isinstance(scale_factor, (list, tuple)) \
+        else (float(scale_factor),) * rank
+    if recompute_scale_factor:
+        # torch then uses the output size floor(in * scale) as the size
+        size = tuple(int(np.floor(n * f)) for n, f in zip(input.shape[2:], sf))
+        return tf.Upsample(mode, size=size, align_corners=bool(align_corners) and linear)(input)
+    return tf.Upsample(mode, scale=sf, align_corners=bool(align_corners) and linear)(input)
 
 
 def upsample_nearest(input, size=None, scale_factor=None):
@@ -148,6 +170,32 @@ def upsample_nearest(input, size=None, scale_factor=None):
 
 def upsample_bilinear(input, size=None, scale_factor=None):
     return interpolate(input, size, scale_factor, "bilinear", align_corners=True)
+
+
+def pad(input, pad, mode="constant", value=None):
+    """torch's F.pad: ``pad`` lists (lo, hi) pairs from the last axis backwards;
+    triflux's ops.pad takes them in axis order, for the axes it is given."""
+    pairs = [tuple(pad[i: i + 2]) for i in range(0, len(pad), 2)]
+    dims = tuple(range(input.ndim - 1, input.ndim - 1 - len(pairs), -1))
+    if mode == "constant":
+        return tf.ops.pad(input, tuple(pairs), "constant", 0.0 if value is None else value, dims=dims)
+    return tf.ops.pad(input, tuple(pairs), mode, dims=dims)
+
+
+def _images(fn, x):
+    """torch's pixel (un)shuffle reads (*, C, H, W): any leading axes are batch
+    axes; triflux's takes (N, C, *spatial), so they become one batch axis."""
+    lead = x.shape[:-3]
+    y = fn(tf.reshape(x, (int(np.prod(lead)),) + x.shape[-3:]))
+    return tf.reshape(y, lead + y.shape[1:])
+
+
+def pixel_shuffle(input, upscale_factor):
+    return _images(lambda x: tf.ops.pixel_shuffle(x, upscale_factor), input)
+
+
+def pixel_unshuffle(input, downscale_factor):
+    return _images(lambda x: tf.ops.pixel_unshuffle(x, downscale_factor), input)
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
@@ -257,16 +305,20 @@ NO_GRAD = {("nn.functional.batch_norm", ""): {1, 2}}     # the running statistic
 TRANSLATIONS = {
     ("nn.functional.linear", ""): linear,
     ("matmul", ""): matmul,
-    ("nn.functional.conv2d", ""): conv2d,
-    ("nn.functional.conv_transpose2d", ""): conv_transpose2d,
-    ("nn.functional.max_pool2d", ""): max_pool2d,
-    ("nn.functional.avg_pool2d", ""): avg_pool2d,
-    ("nn.functional.adaptive_avg_pool2d", ""): adaptive_avg_pool2d,
-    ("nn.functional.adaptive_max_pool2d", ""): adaptive_max_pool2d,
-    ("nn.functional.interpolate", "nearest"): interpolate,
-    ("nn.functional.interpolate", "bilinear"): interpolate,
+    **{(f"nn.functional.conv{r}d", ""): conv(r) for r in (1, 2, 3)},
+    **{(f"nn.functional.conv_transpose{r}d", ""): conv_transpose(r) for r in (1, 2, 3)},
+    **{(f"nn.functional.max_pool{r}d", ""): max_pool(r) for r in (1, 2, 3)},
+    **{(f"nn.functional.avg_pool{r}d", ""): avg_pool(r) for r in (1, 2, 3)},
+    **{(f"nn.functional.lp_pool{r}d", ""): lp_pool(r) for r in (1, 2, 3)},
+    **{(f"nn.functional.adaptive_avg_pool{r}d", ""): adaptive_avg_pool(r) for r in (1, 2, 3)},
+    **{(f"nn.functional.adaptive_max_pool{r}d", ""): adaptive_max_pool(r) for r in (1, 2, 3)},
+    **{("nn.functional.interpolate", mode): interpolate for mode in ("nearest", "linear", "bilinear", "trilinear")},
     ("nn.functional.upsample_nearest", ""): upsample_nearest,
     ("nn.functional.upsample_bilinear", ""): upsample_bilinear,
+    **{("nn.functional.pad", mode): pad for mode in ("constant", "reflect", "replicate", "replicate_negative",
+                                                     "circular")},
+    ("nn.functional.pixel_shuffle", ""): pixel_shuffle,
+    ("nn.functional.pixel_unshuffle", ""): pixel_unshuffle,
     ("nn.functional.batch_norm", ""): batch_norm,
     ("sum", ""): reduction("sum"),
     ("mean", ""): reduction("mean"),

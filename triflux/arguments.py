@@ -1,6 +1,7 @@
 """Checking and normalising the arguments users give to layers and
 operations, one helper per kind of argument: a size (``int_arg``), an int or
-a pair of ints (``pair_arg``), a shape (``shape_arg``), a padding
+a pair of ints (``pair_arg``), one int per spatial axis (``ntuple_arg``),
+a padding of any spatial rank (``spatial_pad_arg``), a shape (``shape_arg``), a padding
 (``pad_arg``), a probability
 (``probability_arg``), a flag (``flag_arg``), a parameter dtype (``float_dtype``), an
 input's element type (``is_real``, ``not_real``), one axis or several
@@ -84,6 +85,55 @@ def pad_arg(pad, who, name="pad", words=("valid",)):
     return sides
 
 
+def ntuple_arg(v, n, who, name, low=1):
+    """``v`` as ``n`` ints >= ``low``, one per spatial axis: an int repeats
+    (3 -> (3, 3, 3) for n = 3), a tuple or list must have ``n`` entries."""
+    if type(v) is tuple and len(v) == n and all(type(a) is int and a >= low for a in v):
+        return v                                 # the common case, checked fast
+    vals = (v,) * n if is_int(v) else tuple(v) if isinstance(v, (tuple, list)) else ()
+    if len(vals) != n or not all(is_int(a) and a >= low for a in vals):
+        raise ShapeError(f"{who}: {name} must be a {_kind(low)} int or {n} of them, got {_given(v)} "
+                         f"({n} = one per spatial axis)")
+    return tuple(int(a) for a in vals)
+
+
+#: how a padding's per-axis and flat forms are spelled in messages, by spatial rank
+_PAD_FORMS = {1: ("(l,)", "(lo, hi)"), 2: ("(h, w)", "(top, bottom, left, right)"),
+              3: ("(d, h, w)", "(front, back, top, bottom, left, right)")}
+
+
+def spatial_pad_arg(pad, rank, who, name="pad", words=("valid",), low=0):
+    """``pad`` as the flat ``(lo_0, hi_0, lo_1, hi_1, ...)`` of non-negative
+    ints over ``rank`` spatial axes in axis order, from an int (every side),
+    ``rank`` ints (both sides of each axis), the flat ``2*rank`` ints, or
+    ``rank`` pairs ``(lo, hi)``; the word "valid" is no padding. For rank 2
+    the flat form is (top, bottom, left, right), as :func:`pad_arg` gives.
+    ``low``: the smallest side allowed (None: any, a negative side crops)."""
+    if type(pad) is tuple and len(pad) == 2 * rank and all(type(p) is int and (low is None or p >= low) for p in pad):
+        return pad
+    if isinstance(pad, str) and pad.lower() == "valid" and "valid" in words:
+        return (0,) * (2 * rank)
+    sides = None
+    if is_int(pad):
+        sides = (pad,) * (2 * rank)
+    elif isinstance(pad, (tuple, list)):
+        items = tuple(pad)
+        if items and all(isinstance(p, (tuple, list)) for p in items):
+            if len(items) == rank and all(len(p) == 2 for p in items):
+                sides = tuple(v for p in items for v in p)
+        elif len(items) == rank:
+            sides = tuple(v for p in items for v in (p, p))
+        elif len(items) == 2 * rank:
+            sides = items
+    if sides is None or not all(is_int(p) and (low is None or p >= low) for p in sides):
+        spelled = " or ".join(f'"{w}"' for w in words)
+        per_axis, flat = _PAD_FORMS.get(rank, (f"{rank} of them", f"{2 * rank} of them"))
+        raise ShapeError(f"{who}: {name} must be {'a ' + _kind(low) if low is not None else 'an'} int, {per_axis} or {flat}"
+                         f"{', or ' + spelled if spelled else ''}; got {_given(pad)} (for {rank} spatial "
+                         f"ax{'is' if rank == 1 else 'es'}; {rank} (lo, hi) pairs work too)")
+    return tuple(int(p) for p in sides)
+
+
 def probability_arg(p, who, name="p"):
     """``p`` as a float in [0, 1]."""
     if not (isinstance(p, numbers.Real) and not isinstance(p, (bool, np.bool_)) and 0 <= p <= 1):
@@ -152,8 +202,8 @@ def flux_layout_hint(shape, axis, expected):
     n = len(shape)
     if n < 2 or shape[::-1][axis] != expected or shape[axis] == expected:
         return ""
-    flux = {2: "(features, N)", 3: "(features, L, N)", 4: "(W, H, C, N)"}.get(n, "column-major")
-    ours = {2: "(N, features)", 3: "(N, L, features)", 4: "(N, C, H, W)"}.get(n, "batch-first")
+    flux = {2: "(features, N)", 3: "(features, L, N)", 4: "(W, H, C, N)", 5: "(W, H, D, C, N)"}.get(n, "column-major")
+    ours = {2: "(N, features)", 3: "(N, L, features)", 4: "(N, C, H, W)", 5: "(N, C, D, H, W)"}.get(n, "batch-first")
     fix = "x.T" if n == 2 else f"x.transpose({', '.join(str(a) for a in range(n - 1, -1, -1))})"
     return (f" The shape looks like Flux's {flux} layout; triflux takes {ours}, batch first: pass `{fix}` "
             "(a Tensor or a NumPy array).")

@@ -15,18 +15,21 @@ torch.nn                          triflux
 Sequential                        Chain (children named ``"0", "1", ...`` become a
                                   positional Chain, other names a named one)
 Linear                            Dense
-Conv2d                            Conv (``padding_mode="zeros"`` only)
-ConvTranspose2d                   ConvTranspose (``output_padding`` kept)
+Conv1d/2d/3d                      Conv (``padding_mode`` as ``pad_mode``); CrossCor
+                                  and DepthwiseConv go to torch as Conv1d/2d/3d too
+ConvTranspose1d/2d/3d             ConvTranspose (``output_padding`` kept)
 BatchNorm1d/2d/3d                 BatchNorm (``affine`` and ``track_running_stats``
                                   True, a numeric ``momentum``)
-MaxPool2d, AvgPool2d              MaxPool, MeanPool (``dilation``, ``ceil_mode``,
+MaxPool1d/2d/3d, AvgPool1d/2d/3d  MaxPool, MeanPool (``dilation``, ``ceil_mode``,
                                   ``count_include_pad`` kept; no ``divisor_override``)
-AdaptiveAvgPool2d, -MaxPool2d     AdaptiveMeanPool, AdaptiveMaxPool (any output size,
-                                  ``None`` sides kept); of size 1: GlobalMeanPool,
-                                  GlobalMaxPool
-Upsample, UpsamplingNearest2d,    Upsample (nearest or bilinear, ``size`` or
-UpsamplingBilinear2d              ``scale_factor``, ``align_corners`` kept;
-                                  "nearest-exact" only with integer factors)
+AdaptiveAvgPool1d/2d/3d,          AdaptiveMeanPool, AdaptiveMaxPool (any output size,
+AdaptiveMaxPool1d/2d/3d           ``None`` sides kept); of size 1: GlobalMeanPool,
+                                  GlobalMaxPool (to torch: the rank of the layer
+                                  before it, else 2d; BatchNorm likewise)
+Upsample, UpsamplingNearest2d,    Upsample (nearest, linear, bilinear, trilinear,
+UpsamplingBilinear2d              ``size`` or ``scale_factor``, ``align_corners``
+                                  kept; "nearest-exact" only with integer factors)
+PixelShuffle                      PixelShuffle (torch's shuffles images only)
 Dropout                           Dropout
 Flatten (start_dim=1, end_dim=-1) flatten
 Identity, ReLU, Sigmoid, Tanh,    identity, relu, sigmoid, tanh, gelu_erf, gelu
@@ -51,16 +54,19 @@ into eval mode and the rest into training mode (torch's default).
 activation)`` (so a Chain's i-th layer stays the Sequential's i-th module),
 ``softmax``/``logsoftmax`` without ``dims`` to ``Softmax(dim=1)`` (triflux's
 class axis for batched input); ``SkipConnection(layer, +)`` (a residual block, connection
-``operator.add``/``triflux.ops.add``) becomes ``TorchSkipConnection``, a
-small torch module defined here that ``from_torch`` maps back.
+``operator.add``/``triflux.ops.add``) and a UNET's skip (connection
+``models.cat_channels``, the concatenation along the channels) become
+``TorchSkipConnection``, a small torch module defined here that
+``from_torch`` maps back; a ``models.UNet`` becomes the Sequential of its
+Chain (which ``from_torch`` returns as that Chain).
 ``RNN``/``LSTM``/``GRU`` become ``TorchSequence(nn.RNN/LSTM/GRU(..., batch_first=True))``,
 which returns the output sequence only (as the triflux layer does, so it
 chains with ``Linear``); ``from_torch`` takes ``nn.RNN``/``LSTM``/``GRU``
 (``num_layers > 1`` as a Chain, with Dropout between for ``dropout > 0``;
 bidirectional, ``proj_size`` and ``bias=False`` are refused) and gives
 batch-first layers whatever ``batch_first`` says. Other layers (``Parallel``,
-skips with other connections, ``UNet``, cells) raise an error naming their
-place in the model.
+skips with other connections, cells) raise an error naming their place in
+the model.
 
 Each supported pair is one ``Conversion`` in ``CONVERSIONS`` (torch module
 classes, triflux layer classes or functions, and the functions between them);
@@ -108,8 +114,8 @@ from .devices import AMDGPUDevice, CUDADevice, as_device
 from .errors import DTypeError, InteropError, TrifluxError
 from .functor import is_layer, path_join
 from .layers import (GRU, LSTM, RNN, AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose,
-                     Dense, Dropout, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool, SkipConnection, Upsample,
-                     flatten)
+                     CrossCor, DepthwiseConv, Dense, Dropout, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool,
+                     PixelShuffle, SkipConnection, Upsample, flatten)
 from .layers.conv import same_padding
 from .moving import move
 from .show import fname
@@ -143,17 +149,26 @@ def _torch_classes():
     """The torch modules triflux defines (created on first use, so that
     importing triflux does not import torch)."""
     if not _TORCH_CLASSES:
-        nn = _torch().nn
+        nn, torch_cat = _torch().nn, _torch().cat
 
         class TorchSkipConnection(nn.Module):
-            """``layer(x) + x``: triflux's ``SkipConnection(layer, +)`` in torch."""
+            """``layer(x) + x`` (``connection="add"``): triflux's
+            ``SkipConnection(layer, +)``, or ``torch.cat([layer(x), x], 1)``
+            (``connection="cat"``): a UNET's ``SkipConnection(layer,
+            models.cat_channels)``, in torch."""
 
-            def __init__(self, layer):
+            def __init__(self, layer, connection="add"):
                 super().__init__()
-                self.layer = layer
+                if connection not in ("add", "cat"):
+                    raise ValueError(f"TorchSkipConnection: connection must be 'add' or 'cat', got {connection!r}")
+                self.layer, self.connection = layer, connection
 
             def forward(self, x):
-                return self.layer(x) + x
+                y = self.layer(x)
+                return y + x if self.connection == "add" else torch_cat([y, x], 1)
+
+            def extra_repr(self):
+                return f"connection={self.connection!r}"
 
         class TorchSequence(nn.Module):
             """triflux's RNN/LSTM/GRU in torch: the batch-first ``rnn`` module's
@@ -358,16 +373,35 @@ def _dense_to_torch(x, path):
     return _with_activation(_set_params(mod, weight=w, bias=x.bias), x, path)
 
 
-# Conv2d <-> Conv, ConvTranspose2d <-> ConvTranspose
+# Conv1d/2d/3d <-> Conv (CrossCor, DepthwiseConv), ConvTranspose1d/2d/3d <-> ConvTranspose
+
+#: the spatial ranks of torch's rank-specific modules ("Conv1d", "MaxPool3d", ...)
+_RANKS = (1, 2, 3)
+
+
+def _rank_of(m):
+    """The spatial rank of torch module ``m`` of a rank-specific class (``Conv3d``: 3)."""
+    return int(type(m).__name__[-2])
+
+
+def _ntuple(v, rank):
+    """A torch module's int-or-tuple option as ``rank`` entries."""
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * rank
+
+
+def _symmetric(pad):
+    """One padding per axis where a flat (lo, hi, ...) padding is symmetric, else None."""
+    lo, hi = pad[::2], pad[1::2]
+    return tuple(lo) if lo == hi else None
+
 
 def _conv_from_torch(m, path, options):
-    if m.padding_mode != "zeros":
-        _refuse_from(path, m, f"padding_mode={m.padding_mode!r}", "only 'zeros' padding exists in triflux's Conv")
-    pad = {"same": "same", "valid": 0}.get(m.padding, m.padding) if isinstance(m.padding, str) else m.padding
+    rank = _rank_of(m)
+    pad = {"same": "same", "valid": 0}[m.padding] if isinstance(m.padding, str) else _ntuple(m.padding, rank)
     w = _array(m.weight)
-    layer = Conv(m.kernel_size, m.in_channels, m.out_channels, stride=m.stride, pad=pad,
-                 dilation=m.dilation, groups=m.groups, bias=m.bias is not None, init=lambda *s: w,
-                 dtype=w.dtype)
+    layer = Conv(_ntuple(m.kernel_size, rank), m.in_channels, m.out_channels, stride=_ntuple(m.stride, rank),
+                 pad=pad, dilation=_ntuple(m.dilation, rank), groups=m.groups, bias=m.bias is not None,
+                 init=lambda *s: w, dtype=w.dtype, pad_mode=m.padding_mode)
     if m.bias is not None:
         layer.bias = _tensor(m.bias)
     return layer
@@ -375,27 +409,30 @@ def _conv_from_torch(m, path, options):
 
 def _conv_to_torch(x, path):
     w = x.weight
-    t, b, l, r = x.pad
-    kernel = tuple(w.shape[2:])
-    if t == b and l == r:
-        padding = (t, l)
-    elif x.stride == (1, 1) and x.pad == same_padding(kernel, x.dilation):
-        padding = "same"
-    else:
-        _refuse_to(path, f"Conv with asymmetric pad={x.pad}", "torch's Conv2d pads symmetrically (or 'same')")
-    mod = _torch().nn.Conv2d(w.shape[1] * x.groups, w.shape[0], kernel, stride=x.stride, padding=padding,
-                             dilation=x.dilation, groups=x.groups, bias=x.bias is not None, dtype=_tdtype(w),
-                             device=_tdev(w))
+    rank, kernel = w.ndim - 2, tuple(w.shape[2:])
+    padding = _symmetric(x.pad)
+    if padding is None:
+        if all(s == 1 for s in x.stride) and x.pad == same_padding(kernel, x.dilation):
+            padding = "same"
+        else:
+            _refuse_to(path, f"{type(x).__name__} with asymmetric pad={x.pad}",
+                       f"torch's Conv{rank}d pads symmetrically (or 'same')")
+    mod = getattr(_torch().nn, f"Conv{rank}d")(w.shape[1] * x.groups, w.shape[0], kernel, stride=x.stride,
+                                               padding=padding, dilation=x.dilation, groups=x.groups,
+                                               bias=x.bias is not None, padding_mode=x.pad_mode,
+                                               dtype=_tdtype(w), device=_tdev(w))
     return _with_activation(_set_params(mod, weight=w, bias=x.bias), x, path)
 
 
 def _conv_transpose_from_torch(m, path, options):
+    rank = _rank_of(m)
     if m.padding_mode != "zeros":
-        _refuse_from(path, m, f"padding_mode={m.padding_mode!r}", "ConvTranspose2d only has 'zeros'")
+        _refuse_from(path, m, f"padding_mode={m.padding_mode!r}", f"ConvTranspose{rank}d only has 'zeros'")
     w = _array(m.weight)
-    layer = ConvTranspose(m.kernel_size, m.in_channels, m.out_channels, stride=m.stride, pad=m.padding,
-                          outpad=m.output_padding, dilation=m.dilation, groups=m.groups,
-                          bias=m.bias is not None, init=lambda *s: w, dtype=w.dtype)
+    layer = ConvTranspose(_ntuple(m.kernel_size, rank), m.in_channels, m.out_channels,
+                          stride=_ntuple(m.stride, rank), pad=_ntuple(m.padding, rank),
+                          outpad=_ntuple(m.output_padding, rank), dilation=_ntuple(m.dilation, rank),
+                          groups=m.groups, bias=m.bias is not None, init=lambda *s: w, dtype=w.dtype)
     if m.bias is not None:
         layer.bias = _tensor(m.bias)
     return layer
@@ -403,13 +440,15 @@ def _conv_transpose_from_torch(m, path, options):
 
 def _conv_transpose_to_torch(x, path):
     w = x.weight
-    t, b, l, r = x.pad
-    if t != b or l != r:
-        _refuse_to(path, f"ConvTranspose with asymmetric pad={x.pad}", "torch's ConvTranspose2d pads symmetrically")
-    mod = _torch().nn.ConvTranspose2d(w.shape[0], w.shape[1] * x.groups, tuple(w.shape[2:]), stride=x.stride,
-                                      padding=(t, l), output_padding=x.outpad, groups=x.groups,
-                                      bias=x.bias is not None, dilation=x.dilation, dtype=_tdtype(w),
-                                      device=_tdev(w))
+    rank = w.ndim - 2
+    padding = _symmetric(x.pad)
+    if padding is None:
+        _refuse_to(path, f"ConvTranspose with asymmetric pad={x.pad}",
+                   f"torch's ConvTranspose{rank}d pads symmetrically")
+    mod = getattr(_torch().nn, f"ConvTranspose{rank}d")(
+        w.shape[0], w.shape[1] * x.groups, tuple(w.shape[2:]), stride=x.stride, padding=padding,
+        output_padding=x.outpad, groups=x.groups, bias=x.bias is not None, dilation=x.dilation,
+        dtype=_tdtype(w), device=_tdev(w))
     return _with_activation(_set_params(mod, weight=w, bias=x.bias), x, path)
 
 
@@ -436,7 +475,9 @@ def _batchnorm_from_torch(m, path, options):
 def _batchnorm_to_torch(x, path):
     w = x.weight
     info = getattr(x, "_torch", {})
-    cls = getattr(_torch().nn, info.get("class", "BatchNorm2d"))
+    # torch's class by the rank of what feeds it (a triflux BatchNorm takes any): the one it came
+    # from, else that of the layer before it in the model (Dense: 1d, Conv((3, 3, 3)): 3d), else 2d
+    cls = getattr(_torch().nn, info.get("class", f"BatchNorm{_FEEDING_RANKS.get(id(x), 2)}d"))
     mod = cls(w.shape[0], eps=x.eps, momentum=x.momentum, dtype=_tdtype(w), device=_tdev(w))
     _set_params(mod, weight=w, bias=x.bias, running_mean=x.running_mean, running_var=x.running_var)
     mod.num_batches_tracked.fill_(info.get("num_batches_tracked", 0))
@@ -444,88 +485,116 @@ def _batchnorm_to_torch(x, path):
     return _with_activation(mod, x, path)
 
 
-# MaxPool2d <-> MaxPool, AvgPool2d <-> MeanPool
+# MaxPool1d/2d/3d <-> MaxPool, AvgPool1d/2d/3d <-> MeanPool
 
 def _maxpool_from_torch(m, path, options):
     if m.return_indices:
         _refuse_from(path, m, "return_indices=True")
-    return MaxPool(m.kernel_size, stride=m.stride if m.stride is not None else m.kernel_size,
-                   pad=m.padding, dilation=m.dilation, ceil_mode=m.ceil_mode)
+    rank = _rank_of(m)
+    window = _ntuple(m.kernel_size, rank)
+    return MaxPool(window, stride=_ntuple(m.stride, rank) if m.stride is not None else window,
+                   pad=_ntuple(m.padding, rank), dilation=_ntuple(m.dilation, rank), ceil_mode=m.ceil_mode)
 
 
 def _meanpool_from_torch(m, path, options):
-    if m.divisor_override is not None:
+    if getattr(m, "divisor_override", None) is not None:
         _refuse_from(path, m, f"divisor_override={m.divisor_override}",
                      "MeanPool divides by the window's size (count_include_pad=True) or its pixels inside the input")
-    return MeanPool(m.kernel_size, stride=m.stride if m.stride is not None else m.kernel_size,
-                    pad=m.padding, ceil_mode=m.ceil_mode, count_include_pad=m.count_include_pad)
+    rank = _rank_of(m)
+    window = _ntuple(m.kernel_size, rank)
+    return MeanPool(window, stride=_ntuple(m.stride, rank) if m.stride is not None else window,
+                    pad=_ntuple(m.padding, rank), ceil_mode=m.ceil_mode, count_include_pad=m.count_include_pad)
 
 
 def _torch_pool_padding(x, path):
     """torch's ``padding`` for pool layer ``x``: symmetric and at most half the window."""
-    t, b, l, r = x.pad
     name = type(x).__name__
-    if t != b or l != r:
+    padding = _symmetric(x.pad)
+    if padding is None:
         _refuse_to(path, f"{name} with asymmetric pad={x.pad}", "torch pools pad symmetrically")
-    if 2 * t > x.window[0] or 2 * l > x.window[1]:
+    if any(2 * p > k for p, k in zip(padding, x.window)):
         _refuse_to(path, f"{name} with pad={x.pad} more than half the window {x.window}", "torch refuses such padding")
-    return (t, l)
+    return padding
 
 
 def _maxpool_to_torch(x, path):
-    return _torch().nn.MaxPool2d(x.window, stride=x.stride, padding=_torch_pool_padding(x, path),
-                                 dilation=x.dilation, ceil_mode=x.ceil_mode)
+    return getattr(_torch().nn, f"MaxPool{len(x.window)}d")(x.window, stride=x.stride,
+                                                           padding=_torch_pool_padding(x, path),
+                                                           dilation=x.dilation, ceil_mode=x.ceil_mode)
 
 
 def _meanpool_to_torch(x, path):
-    return _torch().nn.AvgPool2d(x.window, stride=x.stride, padding=_torch_pool_padding(x, path),
-                                 ceil_mode=x.ceil_mode, count_include_pad=x.count_include_pad)
+    return getattr(_torch().nn, f"AvgPool{len(x.window)}d")(x.window, stride=x.stride,
+                                                           padding=_torch_pool_padding(x, path),
+                                                           ceil_mode=x.ceil_mode, count_include_pad=x.count_include_pad)
 
 
-# AdaptiveAvgPool2d <-> AdaptiveMeanPool (GlobalMeanPool), AdaptiveMaxPool2d <-> AdaptiveMaxPool (GlobalMaxPool)
+# AdaptiveAvgPool1d/2d/3d <-> AdaptiveMeanPool (GlobalMeanPool from and to the 2-d one of size 1),
+# AdaptiveMaxPool1d/2d/3d <-> AdaptiveMaxPool (GlobalMaxPool likewise)
 
 def _adaptive_from_torch(adaptive, global_):
-    """from_torch for an adaptive pool: ``global_()`` for output size 1, else ``adaptive(output_size)``."""
+    """from_torch for an adaptive pool: ``global_()`` for the 2-d one of output
+    size 1 (as Flux's global pools serve images), else ``adaptive(output_size)``."""
     def from_torch(m, path, options):
         if getattr(m, "return_indices", False):
             _refuse_from(path, m, "return_indices=True")
-        if m.output_size in (1, (1, 1)):
+        rank = _rank_of(m)
+        size = _ntuple(m.output_size, rank)
+        if size == (1,) * rank:
             return global_()
-        return adaptive(m.output_size)
+        return adaptive(size)
     return from_torch
 
 
-def _adaptive_to_torch(torch_name):
+def _adaptive_to_torch(torch_prefix):
     def to_torch(x, path):
-        return getattr(_torch().nn, torch_name)(1 if isinstance(x, (GlobalMeanPool, GlobalMaxPool)) else x.out)
+        if isinstance(x, (GlobalMeanPool, GlobalMaxPool)):
+            # the rank of what feeds it (2 when nothing says): torch's adaptive pools are rank-specific
+            return getattr(_torch().nn, f"{torch_prefix}{_FEEDING_RANKS.get(id(x), 2)}d")(1)
+        return getattr(_torch().nn, f"{torch_prefix}{len(x.out)}d")(x.out)
     return to_torch
 
 
 # Upsample, UpsamplingNearest2d, UpsamplingBilinear2d <-> Upsample
 
+#: torch's interpolation modes triflux's Upsample has
+_UPSAMPLE_MODES = ("nearest", "linear", "bilinear", "trilinear")
+
+
 def _upsample_from_torch(m, path, options):
     mode = m.mode
     if mode == "nearest-exact":        # the same index rule as "nearest" for integer factors only
-        sf = m.scale_factor if isinstance(m.scale_factor, tuple) else (m.scale_factor,) * 2
+        sf = m.scale_factor if isinstance(m.scale_factor, tuple) else (m.scale_factor,)
         if m.scale_factor is None or any(float(s) != int(s) for s in sf):
             _refuse_from(path, m, "mode='nearest-exact' with a size or a non-integer scale_factor",
                          "use mode='nearest' (torch's nearest index rule) or an integer scale_factor")
         mode = "nearest"
-    if mode not in ("nearest", "bilinear"):
-        _refuse_from(path, m, f"mode={m.mode!r}", "use 'nearest' or 'bilinear'")
+    if mode not in _UPSAMPLE_MODES:
+        _refuse_from(path, m, f"mode={m.mode!r}", f"use one of {', '.join(_UPSAMPLE_MODES)}")
     if m.scale_factor is not None and m.recompute_scale_factor:
         _refuse_from(path, m, "recompute_scale_factor=True",
-                     "triflux's Upsample(scale=...) uses the given factor, as torch's default; give size=(H, W) "
+                     "triflux's Upsample(scale=...) uses the given factor, as torch's default; give size=(...) "
                      "for the output-size rule")
     return Upsample(mode, size=m.size, scale=m.scale_factor,
-                    align_corners=bool(m.align_corners) if mode == "bilinear" else False)
+                    align_corners=bool(m.align_corners) if mode != "nearest" else False)
 
 
 def _upsample_to_torch(x, path):
-    scale = None if x.scale is None else tuple(float(s) for s in x.scale)
-    if x.mode == "bilinear":
-        return _torch().nn.Upsample(size=x.size, scale_factor=scale, mode="bilinear", align_corners=x.align_corners)
+    scale = None if x.scale is None else tuple(float(s) for s in x.scale) if isinstance(x.scale, tuple) \
+        else float(x.scale)
+    if x.mode != "nearest":
+        return _torch().nn.Upsample(size=x.size, scale_factor=scale, mode=x.mode, align_corners=x.align_corners)
     return _torch().nn.Upsample(size=x.size, scale_factor=scale, mode="nearest")
+
+
+# PixelShuffle <-> PixelShuffle (torch's shuffles the last two axes: images)
+
+def _pixel_shuffle_from_torch(m, path, options):
+    return PixelShuffle(m.upscale_factor)
+
+
+def _pixel_shuffle_to_torch(x, path):
+    return _torch().nn.PixelShuffle(x.r)
 
 
 # Dropout <-> Dropout
@@ -674,18 +743,34 @@ def _sequence_from_torch(m, path, options):
     return _recurrent_from_torch(m.rnn, f"{path}.rnn", options)
 
 
-# TorchSkipConnection <-> SkipConnection(layer, +)
+# TorchSkipConnection <-> SkipConnection(layer, +) and SkipConnection(layer, models.cat_channels)
+
+def _cat_channels():
+    from .models import cat_channels     # models imports layers only when a UNET is converted
+    return cat_channels
+
 
 def _skip_from_torch(m, path, options):
-    return SkipConnection(_from(m.layer, f"{path}.layer", options), operator.add)
+    connection = _cat_channels() if getattr(m, "connection", "add") == "cat" else operator.add
+    return SkipConnection(_from(m.layer, f"{path}.layer", options), connection)
 
 
 def _skip_to_torch(x, path):
-    if x.connection not in (operator.add, ops.add):
+    if x.connection in (operator.add, ops.add):
+        connection = "add"
+    elif x.connection is _cat_channels():
+        connection = "cat"
+    else:
         _refuse_to(path, f"SkipConnection with connection {fname(x.connection)}",
-                   "only `+` (operator.add / triflux.ops.add) connections translate, to "
-                   "triflux.interop.TorchSkipConnection")
-    return _torch_classes()["TorchSkipConnection"](_to(x.layer, f"{path}.layer"))
+                   "only `+` (operator.add / triflux.ops.add) and a UNET's channel concatenation "
+                   "(triflux.models.cat_channels) translate, to triflux.interop.TorchSkipConnection")
+    return _torch_classes()["TorchSkipConnection"](_to(x.layer, f"{path}.layer"), connection)
+
+
+# models.UNet -> its Chain (a UNET is a Chain of Conv, BatchNorm, MaxPool, ConvTranspose and skips)
+
+def _unet_to_torch(x, path):
+    return _to(x.net, f"{path}.net")
 
 
 #: Every supported pair, in the order of the error messages. Adding a layer's
@@ -693,18 +778,21 @@ def _skip_to_torch(x, path):
 CONVERSIONS = (
     Conversion(("Sequential",), (Chain,), _chain_from_torch, _chain_to_torch),
     Conversion(("Linear",), (Dense,), _dense_from_torch, _dense_to_torch),
-    Conversion(("Conv2d",), (Conv,), _conv_from_torch, _conv_to_torch),
-    Conversion(("ConvTranspose2d",), (ConvTranspose,), _conv_transpose_from_torch, _conv_transpose_to_torch),
+    Conversion(tuple(f"Conv{r}d" for r in _RANKS), (Conv, CrossCor, DepthwiseConv), _conv_from_torch,
+               _conv_to_torch),
+    Conversion(tuple(f"ConvTranspose{r}d" for r in _RANKS), (ConvTranspose,), _conv_transpose_from_torch,
+               _conv_transpose_to_torch),
     Conversion(("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"), (BatchNorm,), _batchnorm_from_torch,
                _batchnorm_to_torch),
-    Conversion(("MaxPool2d",), (MaxPool,), _maxpool_from_torch, _maxpool_to_torch),
-    Conversion(("AvgPool2d",), (MeanPool,), _meanpool_from_torch, _meanpool_to_torch),
-    Conversion(("AdaptiveAvgPool2d",), (AdaptiveMeanPool, GlobalMeanPool),
-               _adaptive_from_torch(AdaptiveMeanPool, GlobalMeanPool), _adaptive_to_torch("AdaptiveAvgPool2d")),
-    Conversion(("AdaptiveMaxPool2d",), (AdaptiveMaxPool, GlobalMaxPool),
-               _adaptive_from_torch(AdaptiveMaxPool, GlobalMaxPool), _adaptive_to_torch("AdaptiveMaxPool2d")),
+    Conversion(tuple(f"MaxPool{r}d" for r in _RANKS), (MaxPool,), _maxpool_from_torch, _maxpool_to_torch),
+    Conversion(tuple(f"AvgPool{r}d" for r in _RANKS), (MeanPool,), _meanpool_from_torch, _meanpool_to_torch),
+    Conversion(tuple(f"AdaptiveAvgPool{r}d" for r in _RANKS), (AdaptiveMeanPool, GlobalMeanPool),
+               _adaptive_from_torch(AdaptiveMeanPool, GlobalMeanPool), _adaptive_to_torch("AdaptiveAvgPool")),
+    Conversion(tuple(f"AdaptiveMaxPool{r}d" for r in _RANKS), (AdaptiveMaxPool, GlobalMaxPool),
+               _adaptive_from_torch(AdaptiveMaxPool, GlobalMaxPool), _adaptive_to_torch("AdaptiveMaxPool")),
     Conversion(("Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d"), (Upsample,), _upsample_from_torch,
                _upsample_to_torch),
+    Conversion(("PixelShuffle",), (PixelShuffle,), _pixel_shuffle_from_torch, _pixel_shuffle_to_torch),
     Conversion(("Dropout",), (Dropout,), _dropout_from_torch, _dropout_to_torch),
     Conversion(("Flatten",), (flatten,), _flatten_from_torch, _flatten_to_torch),
     _activation("Identity", A.identity),
@@ -720,7 +808,7 @@ CONVERSIONS = (
     _softmax("LogSoftmax", A.logsoftmax, _logsoftmax_implicit),
     Conversion(tuple(_RECURRENT), tuple(_RECURRENT.values()), _recurrent_from_torch, _recurrent_to_torch),
     Conversion(("TorchSkipConnection",), (SkipConnection,), _skip_from_torch, _skip_to_torch,
-               shown="SkipConnection(layer, +)"),
+               shown="SkipConnection(layer, +), SkipConnection(layer, models.cat_channels)"),
     Conversion(("TorchSequence",), (), _sequence_from_torch, None),   # to_torch: the RNN, LSTM, GRU entry
 )
 
@@ -797,13 +885,54 @@ def _from(m, path, options):
 
 # --- to_torch ---------------------------------------------------------------------------------
 
+#: id(BatchNorm or global pool) -> the spatial rank of its input, for the model being translated
+#: (:func:`_feeding_ranks`)
+_FEEDING_RANKS = {}
+
+
+def _feeding_ranks(model):
+    """{id(layer): rank} for the BatchNorms and global pools of ``model``: the
+    spatial rank of the last layer before each, in the order the model calls
+    them (a Dense's output (N, C) is torch's BatchNorm1d, as a sequence's
+    (N, C, L))."""
+    ranks, last = {}, [None]
+
+    def walk(x):
+        if isinstance(x, (BatchNorm, GlobalMeanPool, GlobalMaxPool)) and last[0] is not None:
+            ranks[id(x)] = last[0]
+        elif isinstance(x, (Conv, ConvTranspose)):
+            last[0] = x.weight.ndim - 2
+        elif isinstance(x, (MaxPool, MeanPool)):
+            last[0] = len(x.window)
+        elif isinstance(x, (AdaptiveMaxPool, AdaptiveMeanPool)):
+            last[0] = len(x.out)
+        elif isinstance(x, Dense):
+            last[0] = 1
+        if is_layer(x):
+            for v in x._children().values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+    walk(model)
+    return ranks
+
+
 def to_torch(model):
     """The ``torch.nn`` module equivalent to triflux ``model`` (a layer, a
     Chain, or an activation function), with copies of its weights on the torch
     device matching their triflux device. Unsupported layers raise an
     ``InteropError`` naming their path (``model.layers[2]``)."""
     _torch()
-    mod = _to(model, "model")
+    _FEEDING_RANKS.clear()
+    _FEEDING_RANKS.update(_feeding_ranks(model))
+    try:
+        mod = _to(model, "model")
+    finally:
+        _FEEDING_RANKS.clear()
     modes = []
 
     def walk(x):
@@ -824,9 +953,16 @@ def to_torch(model):
     return mod
 
 
+#: models.UNet's conversion (one way: from torch it is the Chain it holds), looked up by class name
+#: so that interop does not import triflux.models
+_UNET = Conversion((), (), None, _unet_to_torch)
+
+
 def _to_torch_conversion(x):
     """The Conversion for triflux layer or function ``x``, or None."""
     if is_layer(x):
+        if type(x).__name__ == "UNet" and type(x).__module__ == "triflux.models":
+            return _UNET
         return _TO_TORCH.get(type(x))
     if isinstance(x, type):
         return None

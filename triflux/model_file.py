@@ -42,8 +42,8 @@ from .errors import CheckpointError
 from .functor import children, is_layer, path_join
 from .interop import Activation
 from .layers import (GRU, LSTM, RNN, AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose,
-                     Dense, Dropout, GlobalMaxPool, GlobalMeanPool, GRUCell, LSTMCell, MaxPool, MeanPool, Parallel,
-                     RNNCell, SkipConnection, Upsample, flatten)
+                     CrossCor, DepthwiseConv, Dense, Dropout, GlobalMaxPool, GlobalMeanPool, GRUCell, LSTMCell,
+                     MaxPool, MeanPool, Parallel, PixelShuffle, RNNCell, SkipConnection, Upsample, flatten)
 from .show import fname
 from .tensor import Tensor, tensor
 
@@ -68,6 +68,17 @@ def _sizes(layer):
     return {"in_features": layer.in_features, "out_features": layer.out_features}
 
 
+def _conv_arguments(layer):
+    """Conv's (and CrossCor's) arguments; ``pad_mode`` only when not zeros, so the
+    spec of a zero-padded Conv is what files written before pad_mode hold."""
+    out = {"kernel": layer.weight.shape[2:], "in_channels": layer.weight.shape[1] * layer.groups,
+           "out_channels": layer.weight.shape[0], "activation": layer.activation, "stride": layer.stride,
+           "pad": layer.pad, "dilation": layer.dilation, "groups": layer.groups, "bias": _bias(layer)}
+    if layer.pad_mode != "zeros":
+        out["pad_mode"] = layer.pad_mode
+    return out
+
+
 #: each built-in layer class -> the (positional, keyword) arguments that construct it again, read
 #: from its public attributes (its arrays then come from its state)
 CONSTRUCTOR_ARGUMENTS = {
@@ -76,9 +87,9 @@ CONSTRUCTOR_ARGUMENTS = {
     Parallel: lambda l: ([l.connection, *l.layers], {}) if isinstance(l.layers, list)
     else ([l.connection], dict(l.layers)),
     Dense: lambda l: ((), {**_sizes(l), "activation": l.activation, "bias": _bias(l)}),
-    Conv: lambda l: ((), {"kernel": l.weight.shape[2:], "in_channels": l.weight.shape[1] * l.groups,
-                          "out_channels": l.weight.shape[0], "activation": l.activation, "stride": l.stride,
-                          "pad": l.pad, "dilation": l.dilation, "groups": l.groups, "bias": _bias(l)}),
+    Conv: lambda l: ((), _conv_arguments(l)),
+    CrossCor: lambda l: ((), _conv_arguments(l)),
+    DepthwiseConv: lambda l: ((), {k: v for k, v in _conv_arguments(l).items() if k != "groups"}),
     ConvTranspose: lambda l: ((), {"kernel": l.weight.shape[2:], "in_channels": l.weight.shape[0],
                                    "out_channels": l.weight.shape[1] * l.groups, "activation": l.activation,
                                    "stride": l.stride, "pad": l.pad, "outpad": l.outpad, "dilation": l.dilation,
@@ -95,6 +106,7 @@ CONSTRUCTOR_ARGUMENTS = {
     GlobalMaxPool: lambda l: ((), {}),
     GlobalMeanPool: lambda l: ((), {}),
     Upsample: lambda l: ((), {"mode": l.mode, "scale": l.scale, "size": l.size, "align_corners": l.align_corners}),
+    PixelShuffle: lambda l: ((), {"r": l.r}),
     RNN: lambda l: ((), {**_sizes(l), "activation": l.activation, "return_state": l.return_state}),
     LSTM: lambda l: ((), {**_sizes(l), "return_state": l.return_state}),
     GRU: lambda l: ((), {**_sizes(l), "return_state": l.return_state}),

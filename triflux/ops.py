@@ -13,32 +13,20 @@ import operator
 import numpy as np
 
 from . import dtypes as _dt
-from .arguments import (int_arg, is_int, is_real, normalize_axis, not_real, pad_arg, pair_arg, probability_arg,
-                        shape_arg)
+from .arguments import is_real, normalize_axis, not_real, probability_arg, shape_arg
 from .constructors import next_seed
 from .dispatch import apply, common_device
 from .errors import DTypeError, ShapeError
+from .operands import cast, floating as _floating, promote as _promote
 from .primitives import REGISTRY
 from .specs.matmul import dense_bias_act_spec, matmul_spec
 from .specs.norm import batchnorm_spec
 from .specs.reduce import reduce_spec
 from .specs.rnn import recurrent_spec
 from .specs.softmax import softmax_spec
-from .specs.conv import conv2d_bias_act_spec, conv2d_spec, conv_transpose2d_spec
-from .specs.pool import adaptive_pool2d_spec, pool2d_spec
-from .specs.upsample import scale_pair, upsample2d_spec
 from .tensor import Tensor, as_tensor
 
 _P = REGISTRY
-
-
-def _promote(a, b):
-    if a.dtype == b.dtype:
-        return a, b
-    fa, fb = _dt.is_floating(a.dtype), _dt.is_floating(b.dtype)
-    # integers meeting floats take the float's type (int64 * float32 stays float32)
-    dt = a.dtype if fa and not fb else b.dtype if fb and not fa else np.promote_types(a.dtype, b.dtype)
-    return cast(a, dt), cast(b, dt)
 
 
 def _binary(name, a, b):
@@ -73,15 +61,6 @@ def _broadcast_shape(name, *shapes):
                 if d != 1:
                     out[k] = d
     return tuple(out)
-
-
-def _floating(x, name):
-    x = as_tensor(x)
-    if not _dt.is_floating(x.dtype):
-        if not is_real(x.dtype):
-            raise not_real(x.dtype, f"`{name}`")
-        x = cast(x, _dt.DEFAULT_FLOAT)
-    return x
 
 
 def _unary(name, x, **attrs):
@@ -162,20 +141,6 @@ def leakyrelu(x, negative_slope=0.01):
 def elu(x, alpha=1.0):
     """x for x > 0, ``alpha``·(exp(x) - 1) otherwise, elementwise."""
     return _unary("elu", x, alpha=float(alpha))
-
-
-def cast(x, dtype):
-    """``x`` converted to ``dtype`` (differentiable between floating types)."""
-    x = as_tensor(x)
-    dtype = _dt.as_dtype(dtype)
-    if x.dtype == dtype:
-        return x
-    if not is_real(x.dtype):
-        raise not_real(x.dtype, "`cast`", "a tensor")
-    if not is_real(dtype):
-        raise DTypeError(f"`cast`: triflux tensors hold real numbers (floats, ints, bools), not {dtype}")
-    return apply(_P["cast"], (x,), {"dtype": dtype}, "cast",
-                 record=_dt.is_floating(dtype) and _dt.is_floating(x.dtype))
 
 
 def where(cond, a, b):
@@ -408,147 +373,7 @@ def contiguous(x):
     return apply(_P["contiguous"], (as_tensor(x),), {}, "contiguous")
 
 
-# --- convolution, pooling, normalisation, dropout (NCHW) ------------------------------------
-
-def _spatial_input(name, x):
-    x = _floating(x, name)
-    if x.ndim != 4:
-        raise ShapeError(f"`{name}` expects a 4-d (N, C, H, W) input, got shape {x.shape}")
-    return x
-
-
-def _conv_attrs(name, stride, padding, dilation, groups):
-    """conv2d's attributes, checked: strides and dilations positive, padding
-    non-negative, groups positive (``name`` the function, for the message)."""
-    who = f"`{name}`"
-    return {"stride": pair_arg(stride, who, "stride"), "padding": pad_arg(padding, who, "padding"),
-            "dilation": pair_arg(dilation, who, "dilation"), "groups": int_arg(groups, who, "groups")}
-
-
-def conv2d(x, w, *, stride=1, padding=0, dilation=1, groups=1):
-    """Cross-correlation of ``x`` (N, C, H, W) with ``w`` (O, C/groups, kh, kw)
-    to (N, O, Ho, Wo), as torch's ``F.conv2d``: ``stride`` and ``dilation``
-    an int or (h, w); ``padding`` an int, (h, w) or (top, bottom, left,
-    right) of zeros; ``groups`` splits the channels into independent groups.
-    ``conv2d(x, w, padding=1)`` keeps H and W for a 3x3 ``w``.
-    Math: reference/conv.py ``conv2d_forward``; output size: triflux/specs/conv.py."""
-    x, w = _promote(_spatial_input("conv2d", x), _floating(w, "conv2d"))
-    attrs = _conv_attrs("conv2d", stride, padding, dilation, groups)
-    conv2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
-    return apply(_P["conv2d"], (x, w), attrs, "conv2d")
-
-
-def conv2d_bias_act(x, w, b, *, stride=1, padding=0, dilation=1, groups=1, activation="identity"):
-    """``activation(conv2d(x, w) + b)`` as one fused primitive: ``x`` (N, C, H, W),
-    ``w`` (O, C/groups, kh, kw), ``b`` (O,); ``activation`` one of the primitive's
-    ``fusable_activations``, "identity", "relu", "sigmoid", "tanh" (those whose
-    derivative follows from the output). Math: reference/conv.py
-    ``conv2d_bias_act_forward``."""
-    x, w = _promote(_spatial_input("conv2d_bias_act", x), _floating(w, "conv2d_bias_act"))
-    b = as_tensor(b)
-    if b.dtype != x.dtype:  # promote as conv2d(x, w) + b would
-        b = _floating(b, "conv2d_bias_act")
-        x, b = _promote(x, b)
-        w = cast(w, x.dtype)
-    attrs = dict(_conv_attrs("conv2d_bias_act", stride, padding, dilation, groups), activation=activation)
-    conv2d_bias_act_spec(x.shape, w.shape, b.shape, x.dtype, w.dtype, b.dtype, **attrs)
-    return apply(_P["conv2d_bias_act"], (x, w, b), attrs, "conv2d_bias_act")
-
-
-def conv_transpose2d(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
-    """The adjoint of ``conv2d`` (torch's ``F.conv_transpose2d``): ``x``
-    (N, C, H, W), ``w`` (C, O/groups, kh, kw) to (N, O, Ho, Wo);
-    ``conv_transpose2d(x, w, stride=2)`` with a 2x2 ``w`` doubles H and W.
-    ``output_padding`` (an int or (h, w), below the stride or the dilation)
-    adds rows and columns at the bottom/right. Math: reference/conv.py
-    ``conv_transpose2d_forward``; output size: triflux/specs/conv.py."""
-    x, w = _promote(_spatial_input("conv_transpose2d", x), _floating(w, "conv_transpose2d"))
-    attrs = dict(_conv_attrs("conv_transpose2d", stride, padding, dilation, groups),
-                 output_padding=pair_arg(output_padding, "`conv_transpose2d`", "output_padding", low=0))
-    conv_transpose2d_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
-    return apply(_P["conv_transpose2d"], (x, w), attrs, "conv_transpose2d")
-
-
-def _pool_attrs(name, window, stride, padding):
-    who = f"`{name}`"
-    window = pair_arg(window, who, "window")
-    return {"window": window, "stride": window if stride is None else pair_arg(stride, who, "stride"),
-            "padding": pad_arg(padding, who, "padding")}
-
-
-def maxpool2d(x, window, stride=None, padding=0, dilation=1, ceil_mode=False):
-    """torch's ``max_pool2d`` on (N, C, H, W): the maximum over each
-    ``window`` (an int or (kh, kw)); ``stride`` defaults to the window;
-    ``padding`` an int, (h, w) or (top, bottom, left, right) (padding never
-    wins); ``dilation`` spaces the taps; ``ceil_mode`` keeps a last partial
-    window. ``maxpool2d(x, 2)`` halves H and W.
-    Math: reference/pool.py ``maxpool2d_forward``; windows: triflux/specs/pool.py."""
-    x = _spatial_input("maxpool2d", x)
-    attrs = dict(_pool_attrs("maxpool2d", window, stride, padding),
-                 dilation=pair_arg(dilation, "`maxpool2d`", "dilation"), ceil_mode=bool(ceil_mode))
-    pool2d_spec("maxpool2d", x.shape, x.dtype, **attrs)
-    return apply(_P["maxpool2d"], (x,), attrs, "maxpool2d")
-
-
-def meanpool2d(x, window, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
-    """torch's ``avg_pool2d`` on (N, C, H, W): the mean over each window
-    (arguments as ``maxpool2d``); ``count_include_pad`` divides by the taps
-    inside the padded input (True) or inside the input only (False).
-    Math: reference/pool.py ``meanpool2d_forward``."""
-    x = _spatial_input("meanpool2d", x)
-    attrs = dict(_pool_attrs("meanpool2d", window, stride, padding), ceil_mode=bool(ceil_mode))
-    pool2d_spec("meanpool2d", x.shape, x.dtype, **attrs)
-    return apply(_P["meanpool2d"], (x,), dict(attrs, count_include_pad=bool(count_include_pad)), "meanpool2d")
-
-
-def adaptive_maxpool2d(x, size):
-    """torch's ``adaptive_max_pool2d``: (N, C, H, W) to (N, C, *size), the
-    maximum over windows that tile the input; a ``None`` side keeps the
-    input's. Math: reference/pool.py; windows: triflux/specs/pool.py."""
-    x = _spatial_input("adaptive_maxpool2d", x)
-    size = adaptive_size(size, x.shape, "adaptive_maxpool2d")
-    adaptive_pool2d_spec("adaptive_maxpool2d", x.shape, x.dtype, size)
-    return apply(_P["adaptive_maxpool2d"], (x,), {"size": size}, "adaptive_maxpool2d")
-
-
-def adaptive_meanpool2d(x, size):
-    """torch's ``adaptive_avg_pool2d``: the mean over the windows of
-    ``adaptive_maxpool2d`` (same arguments). Math: reference/pool.py."""
-    x = _spatial_input("adaptive_meanpool2d", x)
-    size = adaptive_size(size, x.shape, "adaptive_meanpool2d")
-    adaptive_pool2d_spec("adaptive_meanpool2d", x.shape, x.dtype, size)
-    return apply(_P["adaptive_meanpool2d"], (x,), {"size": size}, "adaptive_meanpool2d")
-
-
-def adaptive_size(size, shape, name="adaptive pooling"):
-    """The (Ho, Wo) of an adaptive pooling of ``shape`` to ``size`` (a
-    positive int, or a pair whose ``None`` entries keep the input's side)."""
-    sides = (size, size) if size is None or not isinstance(size, (tuple, list)) else tuple(size)
-    if len(sides) != 2 or not all(s is None or is_int(s) and s >= 1 for s in sides):
-        raise ShapeError(f"`{name}`: the output size must be a positive int or two of them (None keeps the "
-                         f"input's side), got {size!r}")
-    return tuple(int(shape[2 + i]) if s is None else int(s) for i, s in enumerate(sides))
-
-
-def upsample(x, scale=None, mode="nearest", *, size=None, align_corners=False):
-    """torch's ``F.interpolate`` (modes "nearest" and "bilinear") on (N, C, H, W):
-    to ``size`` (Ho, Wo), or by ``scale`` (a number or one per axis, ints or
-    floats; the output is floor(H * scale)). Neither given: ``scale=2``."""
-    x = _spatial_input("upsample", x)
-    if mode not in ("nearest", "bilinear"):
-        raise ValueError(f"upsample mode must be 'nearest' or 'bilinear', got {mode!r}")
-    if scale is None and size is None:
-        scale = 2
-    # a zero side is left to the spec, whose message says the output must be at least 1
-    attrs = {"size": None if size is None else pair_arg(size, "`upsample`", "size", low=0),
-             "scale": None if scale is None else scale_pair(scale)}
-    if mode == "bilinear":
-        attrs["align_corners"] = bool(align_corners)
-    elif align_corners:
-        raise ShapeError("`upsample`: align_corners applies to mode='bilinear' only; drop it or use mode='bilinear'")
-    upsample2d_spec(f"upsample_{mode}2d", x.shape, x.dtype, **attrs)
-    return apply(_P[f"upsample_{mode}2d"], (x,), attrs, f"upsample_{mode}2d")
-
+# --- normalisation, dropout (convolution, pooling, resampling and padding: triflux/spatial.py) ---
 
 def batchnorm(x, gamma, beta, mean=None, var=None, eps=1e-5, *, running=None, momentum=0.1,
               activation="identity", moved=None):
@@ -646,3 +471,8 @@ Tensor.reshape, Tensor.transpose = _reshape_method, _transpose_method
 Tensor.T = property(lambda self: transpose(self, None))
 Tensor.astype = cast
 Tensor.exp, Tensor.log, Tensor.sqrt, Tensor.tanh = exp, log, sqrt, tanh
+
+# the operations on spatial axes, any rank (conv, pooling, resampling, padding); imported last:
+# triflux/spatial.py builds on the helpers above
+from .spatial import *  # noqa: E402,F401,F403
+from .spatial import adaptive_size  # noqa: E402,F401
