@@ -182,3 +182,48 @@ def test_bad_arguments_exit_2_before_work(args, message, tmp_path):
     assert "error:" in r.stderr.strip().splitlines()[-1] and "Traceback" not in r.stderr
     assert "`cpu(" not in r.stderr                  # the command line's advice, not the library's
     assert "epoch" not in r.stdout
+
+
+#: metrics.csv's columns for the volumes (--spatial-dims 3)
+COLUMNS_3D = ["epoch", "train_loss", "val_mean_iou", "val_pixel_accuracy", "val_iou_background", "val_iou_sphere",
+              "val_iou_box", "val_iou_cylinder", "images_per_s", "seconds"]
+
+
+def test_volumes_demo_trains_writes_slices_and_resumes_exactly(tmp_path):
+    """--spatial-dims 3: volumes of spheres, boxes and cylinders, a 3-D UNet, the same files and
+    metrics (the volume classes' IoUs), mid-volume slices in predictions.png, and a resume from the
+    middle of an epoch that continues with exactly the uninterrupted run's numbers."""
+    tiny = ["--device", "cpu", "--spatial-dims", "3", "--samples", "12", "--image-size", "8", "--depth", "1",
+            "--base-channels", "2", "--batch-size", "4", "--epochs", "2", "--quiet"]
+    full, broken = str(tmp_path / "full"), str(tmp_path / "broken")
+    r = run_demo(*tiny, "--out", full)
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(full, "metrics.csv")) as f:
+        assert f.readline().strip().split(",") == COLUMNS_3D
+    assert {"model.safetensors", "metrics.csv", "curves.png", "predictions.png"} <= set(os.listdir(full))
+    assert "3-D UNet segmentation of 4 classes (background, sphere, box, cylinder)" not in r.stdout  # --quiet
+    stopped = run_python(INTERRUPTED_AT.format(step=4, argv=[*tiny, "--out", broken]),
+                         timeout=300, unset=("TRITON_INTERPRET",), env={"CUDA_VISIBLE_DEVICES": "-1"})
+    assert stopped.returncode == 130, stopped.stderr       # 10 training volumes: 3 steps an epoch
+    resumed = run_demo("--device", "cpu", "--resume", os.path.join(broken, "interrupted-epoch002.safetensors"),
+                       "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = read_metrics(full), read_metrics(broken)
+    for key in COLUMNS_3D[:-2]:
+        assert [x[key] for x in a] == [x[key] for x in b], key
+    bad = run_demo("--device", "cpu", "--resume", os.path.join(broken, "checkpoint-epoch001.safetensors"),
+                   "--spatial-dims", "2")
+    assert bad.returncode == 2 and "--spatial-dims 2 differs from the checkpoint's 3" in bad.stderr
+
+
+def test_volume_figure_shows_middle_slices():
+    from triflux.demos import unet, volumes
+    vols, labels = volumes.make_volumes(3, 8, seed=1)
+    assert vols.shape == (3, 1, 8, 8, 8) and labels.shape == (3, 8, 8, 8)
+    assert set(np.unique(labels)) <= {0, 1, 2, 3} and (labels > 0).any()
+    images, truth, pred = unet.mid_slices(vols, labels, labels[::-1])
+    assert images.shape == (3, 1, 8, 8) and np.array_equal(truth, labels[:, 4])
+    fig = unet.prediction_figure(vols, labels, labels[::-1], volumes.CLASSES)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == list(volumes.CLASSES)
+    assert fig.axes[0].get_title(loc="left") == "input (middle slice)"

@@ -1,8 +1,10 @@
-"""Train a UNET to segment generated images of overlapping shapes.
+"""Train a UNET to segment generated images (or volumes) of overlapping shapes.
 
 The data (triflux.demos.shapes) are made on the fly from --seed: discs,
 rectangles and triangles of random colours on noisy gradient backgrounds,
-with a class per pixel. A triflux.models.UNet learns them with Adam on the
+with a class per pixel. With --spatial-dims 3 (triflux.demos.volumes) they
+are volumes of spheres, boxes and cylinders in noise, a class per voxel,
+segmented by a 3-D UNet. A triflux.models.UNet learns them with Adam on the
 default device (a functional GPU, else the CPU reference) or --device.
 
 The learning rate follows a cosine from --lr down to zero over the epochs.
@@ -29,14 +31,29 @@ import triflux as tf
 from triflux import losses, optimise
 from triflux.models import UNet
 from .cli import device_from_flag, interpreter_notice
-from .shapes import CLASSES, class_iou, confusion, make_shapes, mean_iou, pixel_accuracy, split
+from . import shapes, volumes
+from .shapes import class_iou, confusion, make_shapes, mean_iou, pixel_accuracy, split
+from .volumes import make_volumes
 
-DEFAULTS = dict(epochs=15, batch_size=16, image_size=32, samples=1000, seed=0, depth=3, base_channels=16, lr=3e-3)
+DEFAULTS = dict(epochs=15, batch_size=16, image_size=32, samples=1000, seed=0, depth=3, base_channels=16, lr=3e-3,
+                spatial_dims=2)
+#: what --spatial-dims 3 changes: volumes of 16^3, a narrower UNet (its convolutions cost 3x3x3 taps)
+DEFAULTS_3D = dict(epochs=16, batch_size=8, image_size=16, samples=400, depth=3, base_channels=8, lr=3e-3)
+#: the generated data set's module (its CLASSES) by spatial rank
+DATA = {2: shapes, 3: volumes}
 CHECKPOINT_FORMAT = "triflux-demo-unet-checkpoint/2"
 #: epoch checkpoints kept besides the best one, unless --keep-checkpoints says otherwise
 KEEP_CHECKPOINTS = 3
-METRICS = ["epoch", "train_loss", "val_mean_iou", "val_pixel_accuracy", *(f"val_iou_{c}" for c in CLASSES),
-           "images_per_s", "seconds"]
+CLASSES = shapes.CLASSES
+
+
+def metric_names(classes=CLASSES):
+    """metrics.csv's columns for a data set of ``classes``."""
+    return ["epoch", "train_loss", "val_mean_iou", "val_pixel_accuracy", *(f"val_iou_{c}" for c in classes),
+            "images_per_s", "seconds"]
+
+
+METRICS = metric_names()
 #: the running sums of an epoch before its first step
 NO_PROGRESS = {"loss_sum": 0.0, "images": 0, "seconds": 0.0}
 
@@ -45,10 +62,14 @@ def parse(argv):
     p = argparse.ArgumentParser(prog="python -m triflux demo unet", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: a functional GPU, else cpu)")
+    p.add_argument("--spatial-dims", type=int, choices=(2, 3), default=None,
+                   help="2: images (default); 3: volumes and a 3-D UNet, with the defaults "
+                        + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in DEFAULTS_3D.items()))
     p.add_argument("--epochs", type=int, default=None, help=f"total epochs (default {DEFAULTS['epochs']})")
     p.add_argument("--batch-size", type=int, default=None, help=f"default {DEFAULTS['batch_size']}")
     p.add_argument("--image-size", type=int, default=None,
-                   help=f"side of the square images, divisible by 2^depth (default {DEFAULTS['image_size']})")
+                   help=f"side of the square images (cubic volumes), divisible by 2^depth "
+                        f"(default {DEFAULTS['image_size']})")
     p.add_argument("--samples", type=int, default=None,
                    help=f"images in the data set, a fifth held out (default {DEFAULTS['samples']})")
     p.add_argument("--depth", type=int, default=None, help=f"UNet levels (default {DEFAULTS['depth']})")
@@ -84,12 +105,14 @@ def _config(p, args, saved):
     cfg = dict(DEFAULTS)
     if saved is not None:
         cfg.update(saved)
-        fixed = ("image_size", "samples", "seed", "depth", "base_channels", "batch_size", "lr")
+        fixed = ("image_size", "samples", "seed", "depth", "base_channels", "batch_size", "lr", "spatial_dims")
         for k in fixed:
             given = getattr(args, k)
-            if given is not None and given != saved[k]:
-                p.error(f"--{k.replace('_', '-')} {given} differs from the checkpoint's {saved[k]}; "
+            if given is not None and given != saved.get(k, DEFAULTS[k]):
+                p.error(f"--{k.replace('_', '-')} {given} differs from the checkpoint's {saved.get(k, DEFAULTS[k])}; "
                         "a resumed run keeps its settings")
+    elif args.spatial_dims == 3:
+        cfg.update(DEFAULTS_3D, spatial_dims=3)
     for k in DEFAULTS:
         if getattr(args, k) is not None:
             cfg[k] = getattr(args, k)
@@ -122,7 +145,7 @@ def learning_rate(cfg, epoch):
     return cfg["lr"] * 0.5 * (1 + math.cos(math.pi * (epoch - 1) / cfg["epochs"]))
 
 
-def evaluate(model, device, images, labels, batch=64):
+def evaluate(model, device, images, labels, batch=64, classes=CLASSES):
     """(validation scores, predictions) on held-out data, in test mode: the
     scores are metrics.csv's ``val_*`` columns, rounded to 6 digits (a class
     absent from both truth and prediction has IoU NaN)."""
@@ -133,7 +156,7 @@ def evaluate(model, device, images, labels, batch=64):
     pred = np.concatenate(preds)
     conf = confusion(pred, labels)
     scores = {"val_mean_iou": mean_iou(conf), "val_pixel_accuracy": pixel_accuracy(conf)}
-    scores.update((f"val_iou_{c}", float(v)) for c, v in zip(CLASSES, class_iou(conf)))
+    scores.update((f"val_iou_{c}", float(v)) for c, v in zip(classes, class_iou(conf)))
     return {k: round(v, 6) for k, v in scores.items()}, pred
 
 
@@ -175,29 +198,43 @@ def _pyplot():
     return plt
 
 
-def prediction_figure(images, labels, pred):
-    """Input, truth and prediction of the first (up to) four images, with a
-    legend naming the class of each colour."""
+def mid_slices(images, labels, pred):
+    """The middle slice (along the first spatial axis) of volumes ``(n, C, D,
+    H, W)`` and of their label maps ``(n, D, H, W)``: what a figure shows of
+    a volume."""
+    mid = images.shape[2] // 2
+    return images[:, :, mid], labels[:, mid], pred[:, mid]
+
+
+def prediction_figure(images, labels, pred, classes=CLASSES):
+    """Input, truth and prediction of the first (up to) four images (of
+    volumes: their middle slices, :func:`mid_slices`), with a legend naming
+    the class of each colour."""
     plt = _pyplot()
     from matplotlib.patches import Patch
-    cmap, last = plt.get_cmap("viridis"), len(CLASSES) - 1
+    volume = images.ndim == 5
+    if volume:
+        images, labels, pred = mid_slices(images, labels, pred)
+    cmap, last = plt.get_cmap("viridis"), len(classes) - 1
     k = min(4, len(images))
     fig, ax = plt.subplots(3, k, figsize=(2.2 * k, 7.0), squeeze=False)
     for j in range(k):
-        ax[0, j].imshow(np.clip(images[j].transpose(1, 2, 0), 0, 1), interpolation="nearest")
-        for row, classes in ((1, labels[j]), (2, pred[j])):
-            ax[row, j].imshow(classes, vmin=0, vmax=last, cmap=cmap, interpolation="nearest")
+        picture = images[j].transpose(1, 2, 0)
+        ax[0, j].imshow(np.clip(picture[..., 0] if picture.shape[-1] == 1 else picture, 0, 1),
+                        cmap="gray" if picture.shape[-1] == 1 else None, vmin=0, vmax=1, interpolation="nearest")
+        for row, cls in ((1, labels[j]), (2, pred[j])):
+            ax[row, j].imshow(cls, vmin=0, vmax=last, cmap=cmap, interpolation="nearest")
         for row, title in enumerate(("input", "truth", "prediction")):
             ax[row, j].set_axis_off()
             if j == 0:
-                ax[row, j].set_title(title, loc="left")
-    fig.legend(handles=[Patch(color=cmap(i / last), label=c) for i, c in enumerate(CLASSES)],
-               loc="lower center", ncol=2 if k < 3 else len(CLASSES), frameon=False)
+                ax[row, j].set_title(title + (" (middle slice)" if volume and row == 0 else ""), loc="left")
+    fig.legend(handles=[Patch(color=cmap(i / last), label=c) for i, c in enumerate(classes)],
+               loc="lower center", ncol=2 if k < 3 else len(classes), frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
-def save_plots(out, history, images, labels, pred):
+def save_plots(out, history, images, labels, pred, classes=CLASSES):
     """curves.png (loss and IoU per epoch) and predictions.png
     (:func:`prediction_figure` of a few validation images)."""
     plt = _pyplot()
@@ -213,21 +250,22 @@ def save_plots(out, history, images, labels, pred):
     curves = os.path.join(out, "curves.png")
     fig.savefig(curves, dpi=100)
     plt.close(fig)
-    fig = prediction_figure(images, labels, pred)
+    fig = prediction_figure(images, labels, pred, classes)
     preds = os.path.join(out, "predictions.png")
     fig.savefig(preds, dpi=100)
     plt.close(fig)
     return curves, preds
 
 
-def _write_metrics(out, history):
+def _write_metrics(out, history, classes=CLASSES):
     path = os.path.join(out, "metrics.csv")
     tmp = path + ".tmp"
+    fields = metric_names(classes)
     with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=METRICS)
+        w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for h in history:
-            w.writerow({k: h[k] for k in METRICS})
+            w.writerow({k: h[k] for k in fields})
     os.replace(tmp, path)
     return path
 
@@ -260,11 +298,15 @@ def main(argv=None):
     interpreter_notice(device)
 
     # --- data, model, optimiser ---------------------------------------------------------------
-    images, labels = make_shapes(cfg["samples"], cfg["image_size"], seed=cfg["seed"])
+    dims = cfg.get("spatial_dims", 2)
+    classes = DATA[dims].CLASSES
+    make = make_shapes if dims == 2 else make_volumes
+    images, labels = make(cfg["samples"], cfg["image_size"], seed=cfg["seed"])
     (xtr, ytr), (xva, yva) = split(images, labels)
-    onehot = np.eye(len(CLASSES), dtype=np.float32)[ytr].transpose(0, 3, 1, 2)
+    onehot = np.moveaxis(np.eye(len(classes), dtype=np.float32)[ytr], -1, 1)     # (N, classes, *spatial)
     tf.seed(cfg["seed"])
-    model = device(UNet(3, len(CLASSES), depth=cfg["depth"], base_channels=cfg["base_channels"]))
+    model = device(UNet(images.shape[1], len(classes), depth=cfg["depth"], base_channels=cfg["base_channels"],
+                        spatial_dims=dims))
     opt = optimise.setup(optimise.Adam(cfg["lr"]), model)
     loader = device(tf.DataLoader((xtr, np.ascontiguousarray(onehot)), batchsize=cfg["batch_size"],
                                   shuffle=True, rng=cfg["seed"]))
@@ -278,10 +320,13 @@ def main(argv=None):
         loader.rng.bit_generator.state = saved["loader_rng"]
         say(f"resumed from {args.resume}: epoch {start_epoch}, {skip_steps} steps done")
 
-    say(f"triflux {tf.__version__}: UNet segmentation of {len(CLASSES)} classes "
-        f"({', '.join(CLASSES)}) on {device!r}")
-    say(f"data: {len(xtr)} training and {len(xva)} validation images of {cfg['image_size']}x{cfg['image_size']}; "
-        f"model: UNet(depth={cfg['depth']}, base_channels={cfg['base_channels']}), "
+    what, side = ("images", "x".join([str(cfg["image_size"])] * 2)) if dims == 2 else \
+        ("volumes", "x".join([str(cfg["image_size"])] * 3))
+    say(f"triflux {tf.__version__}: {'3-D ' if dims == 3 else ''}UNet segmentation of {len(classes)} classes "
+        f"({', '.join(classes)}) on {device!r}")
+    say(f"data: {len(xtr)} training and {len(xva)} validation {what} of {side}; "
+        f"model: UNet(depth={cfg['depth']}, base_channels={cfg['base_channels']}"
+        f"{', spatial_dims=3' if dims == 3 else ''}), "
         f"{sum(int(np.prod(t.shape)) for t in tf.functor.leaves(model)):,} numbers")
 
     def checkpoint(epoch, steps_done, rng_state, progress, name):
@@ -335,23 +380,23 @@ def main(argv=None):
             bar.close()
             skip_steps, progress = 0, NO_PROGRESS
             seconds = time.perf_counter() - t0
-            scores, _ = evaluate(model, device, xva, yva)
+            scores, _ = evaluate(model, device, xva, yva, classes=classes)
             history.append(dict(epoch=epoch, train_loss=round(total / max(n, 1), 6), **scores,
                                 images_per_s=round(n / seconds, 2), seconds=round(seconds, 3)))
             say(f"epoch {epoch}: loss {total / max(n, 1):.4f}  validation mean IoU {scores['val_mean_iou']:.3f}  "
                 f"pixel accuracy {scores['val_pixel_accuracy']:.3f}  ({n / seconds:.1f} images/s)")
             checkpoint(epoch + 1, 0, loader.rng.bit_generator.state, progress, checkpoint_name(epoch))
-            _write_metrics(out, history)
+            _write_metrics(out, history, classes)
             prune_checkpoints(out, history, args.keep_checkpoints)
     finally:
         signal.signal(signal.SIGINT, previous)
 
-    scores, pred = evaluate(model, device, xva, yva)
+    scores, pred = evaluate(model, device, xva, yva, classes=classes)
     model_path = os.path.join(out, "model.safetensors")
     tf.save(model_path, model)
-    metrics = _write_metrics(out, history)
+    metrics = _write_metrics(out, history, classes)
     kept = prune_checkpoints(out, history, args.keep_checkpoints)
-    curves, preds = save_plots(out, history, xva, yva, pred)
+    curves, preds = save_plots(out, history, xva, yva, pred, classes)
     print(f"final validation mean IoU {scores['val_mean_iou']:.3f}, "
           f"pixel accuracy {scores['val_pixel_accuracy']:.3f} ({device!r})")
     print(f"model:       {model_path}")
