@@ -7,10 +7,11 @@ The representative set (all of it cached by source hash under
 ``$TRIFLUX_KERNEL_CACHE``, default ``~/.cache/triflux/kernels``, so a rerun
 with unchanged kernels compiles nothing):
 
-* sm_90: every specialization that the demo's UNet step and the benchmarks'
-  MLP step launch, in float32 and bfloat16, those of the report's default
-  UNet step in bfloat16 (BatchNorms of few, small channels: one program per
-  channel), and the kernels with a dot (the recurrent ones among them) of
+* sm_90: every specialization that the demo's UNet step, the report's
+  default UNet step (BatchNorms of few, small channels: one program per
+  channel), the volumetric UNet step (``unet3d``: 3-D convolutions, pools
+  and BatchNorms) and the benchmarks' MLP step launch, in float32 and
+  bfloat16, and the kernels with a dot (the recurrent ones among them) of
   the benchmarks' LSTM step;
 * sm_80: the kernels with a dot of the demo, MLP and LSTM steps in bfloat16: the code that
   differs by architecture (mma.sync instead of wgmma, and the registers it
@@ -51,7 +52,8 @@ from helpers import run_python
 
 #: architecture -> [(workload, dtype, only the kernels with a dot)]: the representative set
 COMPILED = {
-    "sm_90": [("demo", "float32", False), ("demo", "bfloat16", False), ("unet", "bfloat16", False),
+    "sm_90": [("demo", "float32", False), ("demo", "bfloat16", False), ("unet", "float32", False),
+              ("unet", "bfloat16", False), ("unet3d", "float32", False), ("unet3d", "bfloat16", False),
               ("mlp", "float32", False), ("mlp", "bfloat16", False), ("lstm", "float32", True),
               ("lstm", "bfloat16", True)],
     "sm_80": [("demo", "bfloat16", True), ("mlp", "bfloat16", True), ("lstm", "bfloat16", True),

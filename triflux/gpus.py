@@ -35,6 +35,13 @@ GPUS = {
                        "989 and BF16 1,979 with sparsity, 3.35 TB/s); NVIDIA H100 Tensor Core GPU "
                        "Architecture whitepaper (132 SMs on H100 SXM5); CUDA C++ Programming Guide, "
                        "compute capability 9.0 (228 KB shared memory per SM)"),
+    "H200": GPU("H200 SXM 141GB", sms=132, ffma=67e12, fp64=34e12, tf32=495e12, bf16=989e12,
+                bandwidth=4.8e12, smem_per_sm=228 * 1024,
+                source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: 141 GB HBM3e at 4.8 TB/s; FP32 67 "
+                       "TFLOPS, FP64 34, TF32 989 and BF16 1,979 with sparsity: the H100's compute); the same "
+                       "Hopper GH100 processor as H100 SXM5 (132 SMs, compute capability 9.0, 228 KB shared "
+                       "memory per SM). Measured on one here (2026-10-28, the device tool's KINDS.md): a "
+                       "device-to-device copy at about 4.3 TB/s, an 8192^3 bf16 product at 769-798 TFLOP/s"),
     "A100": GPU("A100 SXM4 80GB", sms=108, ffma=19.5e12, fp64=9.7e12, tf32=156e12, bf16=312e12,
                 bandwidth=2.039e12, smem_per_sm=164 * 1024,
                 source="NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM: FP32 19.5 TFLOPS, FP64 9.7, "

@@ -50,8 +50,8 @@ Three steps, each usable on its own:
      table of addresses), the difference is added to its launches, by their
      programs;
    * FLOPs: from the primitive being computed, :func:`primitive_flops` (2MNK
-     for a matrix product; 2 N O Ho Wo (C/g) kh kw per direction for a
-     convolution, forward and both gradients; 2 N L (|W_ih| + |W_hh|) per
+     for a matrix product; 2 N O (C/g) prod(o) prod(k) per direction for a
+     convolution of any rank (output sides o, kernel sides k), forward and both gradients; 2 N L (|W_ih| + |W_hh|) per
      direction for a recurrent sequence; a few per element for elementwise,
      normalisation, pooling, softmax and optimiser updates, nothing for
      copies and fills). A primitive's FLOPs go to its launches in proportion
@@ -154,6 +154,27 @@ def _demo_step(dtype, batch, size):
     return step
 
 
+#: the volumetric workload: a 3-D UNet at its defaults (depth 4, 64 base channels) on 64^3 volumes
+UNET3D = dict(batch=2, size=64, in_channels=1, classes=2)
+
+
+def _unet3d_step(dtype, batch, size):
+    """``models.UNet(1, 2, spatial_dims=3)``'s training step on (batch, 1, size, size, size)
+    volumes (default 2 of 64^3), logitcrossentropy, Adam."""
+    batch, size = batch or UNET3D["batch"], size or UNET3D["size"]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, UNET3D["in_channels"], size, size, size)).astype(np.float32)
+    y = np.eye(UNET3D["classes"], dtype=np.float32)[rng.integers(0, UNET3D["classes"], (batch, size, size, size))]
+    model, x, y = _in_dtype(dtype, models.UNet(UNET3D["in_channels"], UNET3D["classes"], spatial_dims=3), x,
+                            np.ascontiguousarray(np.moveaxis(y, -1, 1)))
+    opt = optimise.setup(optimise.Adam(1e-3), model)
+
+    def step():
+        _, (g,) = tf.withgradient(lambda m: losses.logitcrossentropy(m(x), y, dims=1), model)
+        optimise.update(opt, model, g)
+    return step
+
+
 def _in_dtype(dtype, model, *arrays):
     """``model`` and ``arrays`` on the device, in ``dtype`` (float32 or bfloat16)."""
     dev = tf.CUDADevice(0)
@@ -197,6 +218,8 @@ WORKLOADS = {
     "unet": ("triflux.models.UNet(3, 2) (depth 4, 64 base channels), batch 4, 64x64, "
              "logitcrossentropy, Adam", _unet_step, True),
     "demo": ("the demo's UNet(3, 4, depth=3, base_channels=16), batch 16, 32x32, Adam", _demo_step, True),
+    "unet3d": ("triflux.models.UNet(1, 2, spatial_dims=3) (depth 4, 64 base channels), batch 2, 64x64x64, "
+               "logitcrossentropy, Adam", _unet3d_step, True),
     "mlp": ("the benchmarks' MLP 784-256-256-10 relu, batch 128, logitcrossentropy, Adam", _mlp_step, False),
     "lstm": ("the benchmarks' LSTM(64 => 512) + Dense(512 => 1), batch 64, 128 steps, mse, Adam",
              _lstm_step, False),
@@ -734,7 +757,8 @@ def record_step(workload="unet", dtype="float32", batch=None, size=None, gpu=ASS
 #: FLOPs per element of the largest tensor, (forward, backward), of families
 #: without a contraction: rough counts of the arithmetic per element
 PER_ELEMENT_FLOPS = {"elementwise": (1, 2), "reduce": (1, 1), "softmax": (5, 4), "norm": (8, 10),
-                     "upsample": (2, 2), "dropout": (2, 2), "shape": (0, 0), "fill": (0, 0)}
+                     "upsample": (2, 2), "dropout": (2, 2), "shape": (0, 0), "fill": (0, 0),
+                     "pad": (0, 1)}
 #: FLOPs per parameter of each optimiser rule's update
 UPDATE_FLOPS = {"descent_update": 2, "momentum_update": 4, "nesterov_update": 6, "rmsprop_update": 8,
                 "adam_update": 12, "adamw_update": 14}
@@ -774,8 +798,8 @@ def _contraction_flops(call, inputs, out_shape, backward, largest):
         return one * (sum(call.attrs.get("needs", (True, True))[:2]) if backward else 1)
     if fam == "conv":
         x, w = inputs[0], inputs[1]
-        taps = w[1] * w[2] * w[3]
-        one = 2 * math.prod(x if call.name == "conv_transpose2d" else out_shape) * taps
+        taps = math.prod(w[1:])              # C/G times the kernel's taps, any spatial rank
+        one = 2 * math.prod(x if call.name in ("conv_transpose", "conv_transpose2d") else out_shape) * taps
         return one * (2 if backward else 1)
     if fam == "rnn":
         first_weight = 3 if call.name == "lstm_sequence" else 2
@@ -783,11 +807,28 @@ def _contraction_flops(call, inputs, out_shape, backward, largest):
         one = 2 * x[0] * x[1] * (math.prod(w_ih) + math.prod(w_hh))
         return one * (2 if backward else 1)
     if fam == "pool":
-        window = call.attrs.get("window", (1, 1))
-        return largest * window[0] * window[1]
+        # a compare or add per tap of every window, any rank (adaptive pools: about one per input
+        # element); lpnormpool's taps also take x^p (exp2(p log2|x|): ~4 FLOPs) and its windows a root
+        window = call.attrs.get("window", (1,))
+        per_tap = 5 if call.name == "lpnormpool" and call.attrs.get("p") != float("inf") else 1
+        return largest * math.prod(window) * per_tap
     if fam == "optimise":
         return UPDATE_FLOPS.get(call.name, 4) * _elements(inputs[0])
+    if fam == "upsample":
+        return _upsample_flops(call.name, len(inputs[0]) - 2, _elements(out_shape), backward)
     return PER_ELEMENT_FLOPS.get(fam, (1, 1))[1 if backward else 0] * largest
+
+
+def _upsample_flops(name, rank, outputs, backward):
+    """Upsample family, per output element: pixel shuffles copy (0); nearest
+    copies forward and adds in each of its R backward passes; linear blends
+    2^R taps with 2^R - 1 lerps of 3 FLOPs forward, and backward sends each
+    gradient to two taps (multiply and add) in each of its R passes."""
+    if name in ("pixel_shuffle", "pixel_unshuffle"):
+        return 0
+    if name == "upsample_nearest":
+        return rank * outputs if backward else 0
+    return (4 * rank if backward else 3 * (2 ** rank - 1)) * outputs
 
 
 def _elements(shape):
