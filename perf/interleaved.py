@@ -17,9 +17,18 @@ OMP_NUM_THREADS = 1) and takes, per process, the least CPU time per step over
 its timed groups: a measure the machine's other work hardly moves (above a
 load of ~2 both sides' two-thread pools collapse, and the plain ratio with them).
 
+Each side's step time is the median over a process's timed groups; the table
+gives the medians over the rounds, the median ratio and its range, and each
+side's minimum over the rounds with their ratio (the least disturbed figure).
+Never time the two sides in one process: torch's steps run after triflux's
+there are slower than in a process of their own (the two thread pools share
+the cores), which flatters triflux.
+
 The cases are ``python -m triflux bench``'s workloads (``quick``: mlp,
 unet_quick, rnn_seed, lstm_quick, seed_chain), the large ones (unet,
-lstm_large) and two per-op probes: ``seed_chain_tiny`` (the seeds' Chain at
+lstm_large), the spatial ranks (``ranks``: one Conv layer of 1, 2 and 3 spatial
+axes, forward and backward, and the volumetric UNet step of depth 2, base 8,
+batch 2, 32^3) and two per-op probes: ``seed_chain_tiny`` (the seeds' Chain at
 batch 1, 8x8: about 40 ops a step on almost no data, so its time is the fixed
 cost per op) and ``add_tiny`` (one ``a + b`` of (4,) float32, outside any
 gradient).
@@ -31,7 +40,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from triflux.benchmarks import BUILDERS, LSTM_LARGE, LSTM_QUICK, MLP, RNN_SEED, SEED_CHAIN, UNET, UNET_QUICK  # noqa: E402,E501
+from triflux.benchmarks import (BUILDERS, CONV_LAYERS, LSTM_LARGE, LSTM_QUICK, MLP, RNN_SEED, SEED_CHAIN,  # noqa: E402
+                                UNET, UNET3D_SMALL, UNET_QUICK)
 
 
 def _add_tiny(side):
@@ -55,8 +65,12 @@ CASES = {
     "lstm_large": (lambda side: BUILDERS["lstm_large", side](LSTM_LARGE), (1, 3, 1)),
     "seed_chain_tiny": (lambda side: BUILDERS["seed_chain", side](dict(SEED_CHAIN, batch=1, size=8)), (20, 12, 20)),
     "add_tiny": (_add_tiny, (1000, 12, 2000)),
+    "unet3d_small": (lambda side: BUILDERS["unet", side](UNET3D_SMALL), (1, 5, 1)),
+    **{f"conv{r}d_layer": ((lambda r: lambda side: BUILDERS["conv_layer", side](CONV_LAYERS[r]))(r), (2, 9, 2))
+       for r in (1, 2, 3)},
 }
 GROUPS = {"quick": ["mlp", "unet_quick", "rnn_seed", "lstm_quick", "seed_chain"],
+          "ranks": ["conv1d_layer", "conv2d_layer", "conv3d_layer", "unet3d_small"],
           "all": ["mlp", "unet_quick", "rnn_seed", "lstm_quick", "seed_chain", "unet", "lstm_large",
                   "seed_chain_tiny", "add_tiny"]}
 
@@ -89,8 +103,8 @@ ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
 def measure(case, rounds=6, one_thread=False, before=None):
-    """(triflux's median, torch's median, the ratios of the rounds), alternating
-    processes; with ``before`` (the root of another checkout, such as a ``git
+    """(triflux's median, torch's median, the ratios of the rounds, (triflux's
+    minimum, torch's minimum)), alternating processes; with ``before`` (the root of another checkout, such as a ``git
     worktree`` of an older commit) a third process per round times its triflux,
     and its (median, ratios) follow."""
     scripts = [("triflux", __file__), ("torch", __file__)]
@@ -104,7 +118,7 @@ def measure(case, rounds=6, one_thread=False, before=None):
                                capture_output=True, text=True, check=True, env=env)
             out.append(float(r.stdout))
     ta, tb, *old = times
-    result = statistics.median(ta), statistics.median(tb), [x / y for x, y in zip(ta, tb)]
+    result = statistics.median(ta), statistics.median(tb), [x / y for x, y in zip(ta, tb)], (min(ta), min(tb))
     return result + ((statistics.median(old[0]), [x / y for x, y in zip(old[0], tb)]) if before else ())
 
 
@@ -118,14 +132,17 @@ def main(rounds=6, cases=("mlp",), one_thread=False, before=None):
           + ("; one thread each side, CPU time per step (the least over a process's groups)" if one_thread else ""))
     if before:
         print(f"before: {before}\n| case | triflux before | triflux | torch | ratio before | range | ratio | range "
-              "| load |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+              "| ratio of minima | load |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     else:
-        print("| case | triflux | torch | ratio (median) | range | load |\n| --- | --- | --- | --- | --- | --- |")
+        print("| case | triflux | torch | ratio (median) | range | triflux min | torch min | ratio of minima | load |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for case in cases:
         load = os.getloadavg()[0]
-        a, b, ratios, *old = measure(case, rounds, one_thread, before)
+        a, b, ratios, (min_a, min_b), *old = measure(case, rounds, one_thread, before)
         times = f"{_ms(old[0])} | {_ms(a)} | {_ms(b)} | {_ratio(old[1])}" if before else f"{_ms(a)} | {_ms(b)}"
-        print(f"| {case} | {times} | {_ratio(ratios)} | {load:.1f} -> {os.getloadavg()[0]:.1f} |", flush=True)
+        minima = f"{min_a / min_b:.2f}x" if before else f"{_ms(min_a)} | {_ms(min_b)} | {min_a / min_b:.2f}x"
+        print(f"| {case} | {times} | {_ratio(ratios)} | {minima} | {load:.1f} -> {os.getloadavg()[0]:.1f} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def test_interleaved_prints_a_row_per_case():
                    "runpy.run_path('perf/interleaved.py', run_name='__main__')", timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     row = [line for line in r.stdout.splitlines() if line.startswith("| add_tiny |")]
-    assert len(row) == 1 and row[0].count("|") == 7 and "x-" in row[0]
+    assert len(row) == 1 and row[0].count("|") == 10 and "x-" in row[0]
     bad = run_python("import runpy, sys; sys.argv = ['interleaved.py', '1', 'mpl']; "
                      "runpy.run_path('perf/interleaved.py', run_name='__main__')")
     assert bad.returncode == 1 and "unknown case(s) mpl: choose from mlp," in bad.stderr
@@ -70,27 +70,31 @@ def test_tiled_max_pool_backward_is_the_general_rule(dtype):
     bit for bit: ties (relu's zeros), all -inf windows, a cropped edge, and
     adaptive windows that tile; NaN takes the general path."""
     from triflux.reference import pool
-    from triflux.specs.pool import adaptive_pool2d_spec, pool2d_spec
+    from triflux.specs.pool import adaptive_pool_spec, pool_spec
     rng = np.random.default_rng(0)
-    cases = [("maxpool2d", (2, 3, 8, 9), (2, 2)), ("maxpool2d", (1, 2, 9, 6), (3, 2)),
-             ("adaptive_maxpool2d", (1, 2, 12, 12), (4, 6))]
+    cases = [("maxpool", (2, 3, 8, 9), (2, 2)), ("maxpool", (1, 2, 9, 6), (3, 2)),
+             ("adaptive_maxpool", (1, 2, 12, 12), (4, 6)), ("maxpool", (1, 2, 4, 6, 5), (2, 3, 2)),
+             ("maxpool", (2, 3, 11), (3,))]
     for name, shape, attr in cases:
         x = np.maximum(rng.standard_normal(shape), 0).astype(dtype)
-        x[0, 0, :2, :2] = -np.inf
-        if name == "maxpool2d":
-            spec = pool2d_spec(name, shape, x.dtype, attr, attr, (0, 0, 0, 0), (1, 1), False)
-            y = pool.maxpool2d_forward(x, attr, attr, (0, 0, 0, 0))
+        x[(0, 0) + (slice(0, 2),) * (len(shape) - 2)] = -np.inf
+        if name == "maxpool":
+            spec = pool_spec(name, shape, x.dtype, attr, attr, (0,) * (2 * len(attr)), None, False)
+            y = pool.maxpool_forward(x, attr, attr, (0,) * (2 * len(attr)))
         else:
-            spec = adaptive_pool2d_spec(name, shape, x.dtype, attr)
-            y = pool.adaptive_maxpool2d_forward(x, attr)
+            spec = adaptive_pool_spec(name, shape, x.dtype, attr)
+            y = pool.adaptive_maxpool_forward(x, attr)
         g = rng.standard_normal(y.shape).astype(dtype)
-        assert pool._tile(spec.rows) and pool._tile(spec.cols)
-        general = pool._max_backward_separable(g, x, *pool._maps(spec))
+        assert all(pool._tile(a) for a in spec.axes)
+        general = pool._max_backward_separable(g, x, pool._maps(spec))
         np.testing.assert_array_equal(pool._max_backward(g, y, x, spec), general)
         assert pool._max_backward(g, y, x, spec).dtype == x.dtype
+    x = np.maximum(rng.standard_normal((1, 2, 12, 12)), 0).astype(dtype)
     x[0, 0, 0, 0] = np.nan
-    y = pool.adaptive_maxpool2d_forward(x, (4, 6))
-    np.testing.assert_array_equal(pool._max_backward(g, y, x, spec), pool._max_backward_separable(g, x, *pool._maps(spec)))
+    spec = adaptive_pool_spec("adaptive_maxpool", x.shape, x.dtype, (4, 6))
+    y = pool.adaptive_maxpool_forward(x, (4, 6))
+    g = rng.standard_normal(y.shape).astype(dtype)
+    np.testing.assert_array_equal(pool._max_backward(g, y, x, spec), pool._max_backward_separable(g, x, pool._maps(spec)))
 
 
 def test_adam_in_cache_blocks_is_the_whole_array_update():
@@ -121,7 +125,7 @@ def test_interleaved_before_times_another_checkout_in_the_same_rounds():
     assert r.returncode == 0, r.stderr[-3000:]
     assert "process triples" in r.stdout and "| ratio before |" in r.stdout
     row = [line for line in r.stdout.splitlines() if line.startswith("| add_tiny |")]
-    assert len(row) == 1 and row[0].count("|") == 10 and row[0].count("x-") == 2
+    assert len(row) == 1 and row[0].count("|") == 11 and row[0].count("x-") == 2
 
 
 def test_interleaved_one_thread_prints_cpu_times():
@@ -130,4 +134,4 @@ def test_interleaved_one_thread_prints_cpu_times():
     assert r.returncode == 0, r.stderr[-3000:]
     assert "one thread each side, CPU time per step" in r.stdout
     row = [line for line in r.stdout.splitlines() if line.startswith("| add_tiny |")]
-    assert len(row) == 1 and row[0].count("|") == 7 and "x-" in row[0]
+    assert len(row) == 1 and row[0].count("|") == 10 and "x-" in row[0]

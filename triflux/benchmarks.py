@@ -81,11 +81,12 @@ def torch_mlp_step(cfg=MLP, device="cpu"):
 # --- the UNet -----------------------------------------------------------------------------
 
 def unet_data(cfg=UNET):
+    """Images (or, with ``cfg["dims"] == 3``, volumes) and one-hot labels for a UNet step."""
     rng = np.random.default_rng(0)
-    n, s = cfg["batch"], cfg["size"]
-    x = rng.standard_normal((n, cfg["in_channels"], s, s)).astype(np.float32)
-    labels = rng.integers(0, cfg["classes"], (n, s, s))
-    y = np.eye(cfg["classes"], dtype=np.float32)[labels].transpose(0, 3, 1, 2)
+    n, s, dims = cfg["batch"], cfg["size"], cfg.get("dims", 2)
+    x = rng.standard_normal((n, cfg["in_channels"]) + (s,) * dims).astype(np.float32)
+    labels = rng.integers(0, cfg["classes"], (n,) + (s,) * dims)
+    y = np.moveaxis(np.eye(cfg["classes"], dtype=np.float32)[labels], -1, 1)
     return x, np.ascontiguousarray(y)
 
 
@@ -95,7 +96,8 @@ def triflux_unet_step(cfg=UNET, device="cpu", dtype="float32", capture=False):
     through ``capture_step``, recorded here on two steps, so the closure
     replays (on a GPU; on the CPU it runs eagerly)."""
     dev = _tf_device(device)
-    model = models.UNet(cfg["in_channels"], cfg["classes"], depth=cfg["depth"], base_channels=cfg["base"])
+    model = models.UNet(cfg["in_channels"], cfg["classes"], depth=cfg["depth"], base_channels=cfg["base"],
+                        spatial_dims=cfg.get("dims", 2))
     if dtype != "float32":
         model = tf.f16(model) if dtype == "float16" else tf.bf16(model)
     model = dev(model)
@@ -117,13 +119,17 @@ def triflux_unet_step(cfg=UNET, device="cpu", dtype="float32", capture=False):
 def torch_unet(cfg=UNET):
     """The same architecture as ``triflux.models.UNet`` in torch.nn: (3x3 conv
     without bias, BatchNorm, relu) twice per level, 2x2 max pooling down, 2x2
-    stride-2 ConvTranspose up, ``cat([up, skip])``, a 1x1 conv head."""
+    stride-2 ConvTranspose up, ``cat([up, skip])``, a 1x1 conv head; with
+    ``cfg["dims"] == 3`` the volumetric one (3x3x3 convolutions, 2x2x2 pooling)."""
     import torch
     from torch import nn
+    dims = cfg.get("dims", 2)
+    conv, batchnorm = getattr(nn, f"Conv{dims}d"), getattr(nn, f"BatchNorm{dims}d")
+    conv_transpose, max_pool = getattr(nn, f"ConvTranspose{dims}d"), getattr(nn.functional, f"max_pool{dims}d")
 
     def double_conv(i, o):
-        return nn.Sequential(nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU(),
-                             nn.Conv2d(o, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU())
+        return nn.Sequential(conv(i, o, 3, padding=1, bias=False), batchnorm(o), nn.ReLU(),
+                             conv(o, o, 3, padding=1, bias=False), batchnorm(o), nn.ReLU())
 
     class UNet(nn.Module):
         def __init__(self, cin, classes, depth, base):
@@ -131,16 +137,16 @@ def torch_unet(cfg=UNET):
             ch = [base * 2 ** d for d in range(depth + 1)]
             self.depth = depth
             self.down = nn.ModuleList([double_conv(cin if d == 0 else ch[d - 1], ch[d]) for d in range(depth + 1)])
-            self.up = nn.ModuleList([nn.ConvTranspose2d(ch[d + 1], ch[d], 2, stride=2) for d in range(depth)])
+            self.up = nn.ModuleList([conv_transpose(ch[d + 1], ch[d], 2, stride=2) for d in range(depth)])
             self.merge = nn.ModuleList([double_conv(2 * ch[d], ch[d]) for d in range(depth)])
-            self.head = nn.Conv2d(base, classes, 1)
+            self.head = conv(base, classes, 1)
 
         def forward(self, x):
             skips = []
             for d in range(self.depth):
                 x = self.down[d](x)
                 skips.append(x)
-                x = nn.functional.max_pool2d(x, 2)
+                x = max_pool(x, 2)
             x = self.down[self.depth](x)
             for d in reversed(range(self.depth)):
                 x = self.merge[d](torch.cat([self.up[d](x), skips[d]], 1))
@@ -263,7 +269,45 @@ def torch_recurrent_step(cfg=RNN_SEED, device="cpu"):
     return step
 
 
+# --- one convolution layer of any spatial rank ---------------------------------------------------
+
+#: Conv(3^R, C => C, pad 1) forward and backward of sum(y * g): the same work (N * pixels * C^2 * 3^R)
+#: in each rank would make the ratios comparable; these are shapes of the kind each rank serves
+CONV_LAYERS = {1: dict(dims=1, batch=8, channels=32, size=2048), 2: dict(dims=2, batch=8, channels=32, size=48),
+               3: dict(dims=3, batch=2, channels=32, size=16)}
+
+
+def _conv_layer_data(cfg):
+    rng = np.random.default_rng(0)
+    shape = (cfg["batch"], cfg["channels"]) + (cfg["size"],) * cfg["dims"]
+    return rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+
+
+def triflux_conv_layer_step(cfg=CONV_LAYERS[2], device="cpu"):
+    """A closure: one Conv layer's forward and its gradients (input, weight, bias)."""
+    dev = _tf_device(device)
+    c = cfg["channels"]
+    layer = dev(tf.Conv((3,) * cfg["dims"], c, c, pad=1))
+    x, g = (dev(a) for a in _conv_layer_data(cfg))
+    return lambda: tf.gradient(lambda m, x: (m(x) * g).sum(), layer, x)
+
+
+def torch_conv_layer_step(cfg=CONV_LAYERS[2], device="cpu"):
+    import torch
+    c = cfg["channels"]
+    layer = getattr(torch.nn, f"Conv{cfg['dims']}d")(c, c, 3, padding=1).to(device)
+    x, g = (torch.from_numpy(a).to(device) for a in _conv_layer_data(cfg))
+    x.requires_grad_(True)
+
+    def step():
+        layer.zero_grad()
+        x.grad = None
+        (layer(x) * g).sum().backward()
+    return step
+
+
 BUILDERS = {("mlp", "triflux"): triflux_mlp_step, ("mlp", "torch"): torch_mlp_step,
+            ("conv_layer", "triflux"): triflux_conv_layer_step, ("conv_layer", "torch"): torch_conv_layer_step,
             ("unet", "triflux"): triflux_unet_step, ("unet", "torch"): torch_unet_step,
             ("rnn_seed", "triflux"): lambda cfg=RNN_SEED, **kw: triflux_recurrent_step(cfg, **kw),
             ("rnn_seed", "torch"): lambda cfg=RNN_SEED, **kw: torch_recurrent_step(cfg, **kw),
@@ -275,6 +319,8 @@ BUILDERS = {("mlp", "triflux"): triflux_mlp_step, ("mlp", "torch"): torch_mlp_st
 # --- python -m triflux bench ----------------------------------------------------------------
 
 UNET_QUICK = dict(UNET, depth=2, base=16, size=32)
+#: issue 28's volumetric step: UNet(1, 2, depth=2, base_channels=8, spatial_dims=3), batch 2, 32^3
+UNET3D_SMALL = dict(UNET, depth=2, base=8, batch=2, size=32, in_channels=1, dims=3)
 LSTM_QUICK = dict(LSTM_LARGE, hidden=128, length=32, batch=16)
 
 #: the quick run's workloads: (label, workload, config)
