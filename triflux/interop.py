@@ -890,34 +890,39 @@ def _from(m, path, options):
 _FEEDING_RANKS = {}
 
 
+def _layers_in_order(x):
+    """Every layer of ``x`` (a layer, or lists, tuples and dicts of them), each
+    before its children, in the order the model calls them."""
+    if is_layer(x):
+        yield x
+        children = x._children().values()
+    elif isinstance(x, (list, tuple)):
+        children = x
+    elif isinstance(x, dict):
+        children = x.values()
+    else:
+        return
+    for v in children:
+        yield from _layers_in_order(v)
+
+
 def _feeding_ranks(model):
     """{id(layer): rank} for the BatchNorms and global pools of ``model``: the
     spatial rank of the last layer before each, in the order the model calls
     them (a Dense's output (N, C) is torch's BatchNorm1d, as a sequence's
     (N, C, L))."""
-    ranks, last = {}, [None]
-
-    def walk(x):
-        if isinstance(x, (BatchNorm, GlobalMeanPool, GlobalMaxPool)) and last[0] is not None:
-            ranks[id(x)] = last[0]
+    ranks, last = {}, None
+    for x in _layers_in_order(model):
+        if isinstance(x, (BatchNorm, GlobalMeanPool, GlobalMaxPool)) and last is not None:
+            ranks[id(x)] = last
         elif isinstance(x, (Conv, ConvTranspose)):
-            last[0] = x.weight.ndim - 2
+            last = x.weight.ndim - 2
         elif isinstance(x, (MaxPool, MeanPool)):
-            last[0] = len(x.window)
+            last = len(x.window)
         elif isinstance(x, (AdaptiveMaxPool, AdaptiveMeanPool)):
-            last[0] = len(x.out)
+            last = len(x.out)
         elif isinstance(x, Dense):
-            last[0] = 1
-        if is_layer(x):
-            for v in x._children().values():
-                walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-    walk(model)
+            last = 1
     return ranks
 
 
@@ -933,21 +938,7 @@ def to_torch(model):
         mod = _to(model, "model")
     finally:
         _FEEDING_RANKS.clear()
-    modes = []
-
-    def walk(x):
-        if is_layer(x):
-            if "active" in vars(x):
-                modes.append(x.active)
-            for v in x._children().values():
-                walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-    walk(model)
+    modes = [x.active for x in _layers_in_order(model) if "active" in vars(x)]
     if modes and all(m is False for m in modes):   # a model in test mode: the whole module in eval mode
         mod.eval()
     return mod

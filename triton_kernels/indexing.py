@@ -100,12 +100,16 @@ def nd_offset(index, size1, size2, size3, size4, size5,
 
 
 @triton.jit
-def split_nchw(index, channels, height, width):
-    """(n, c, h, w) of the row-major linear ``index`` into (N, C, H, W)."""
+def split_ncdhw(index, channels, depth, height, width):
+    """(n, c, d, h, w) of the row-major linear ``index`` into (N, C, D, H, W):
+    the spatial families' canonical 3-D geometry (size-1 leading axes for
+    fewer spatial axes)."""
     w = index % width
     rest = index // width
     h = rest % height
     rest = rest // height
+    d = rest % depth
+    rest = rest // depth
     c = rest % channels
     n = rest // channels
-    return n, c, h, w
+    return n, c, d, h, w

@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from . import launch, numerics
+from .indexing import split_ncdhw
 from .numerics import store_value
 from ..errors import ShapeError
 from ..specs.pool import adaptive_pool_spec, pool_spec
@@ -83,20 +84,6 @@ def _power_kind(e):
 
 
 # --- shared device functions -----------------------------------------------------------------
-
-@triton.jit
-def _split(index, channels, depth, height, width):
-    """(n, c, d, h, w) of the row-major linear ``index`` into (N, C, D, H, W)."""
-    w = index % width
-    rest = index // width
-    h = rest % height
-    rest = rest // height
-    d = rest % depth
-    rest = rest // depth
-    c = rest % channels
-    n = rest // channels
-    return n, c, d, h, w
-
 
 @triton.jit
 def _pow(v, E: tl.constexpr, KIND: tl.constexpr):
@@ -168,7 +155,7 @@ def _pool_fwd_kernel(x, y, g, total, channels, in_depth, in_height, in_width, ou
     the window's weight g S u^(WEIGHT_POWER) sign(u)^2 of the Lp backward."""
     lin = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = lin < total
-    n, c, i, j, l = _split(lin, channels, out_depth, out_height, out_width)
+    n, c, i, j, l = split_ncdhw(lin, channels, out_depth, out_height, out_width)
     base = n * x_batch_stride + c * x_channel_stride
     d0 = i * STRIDE_D - PAD_D                 # the window's first tap
     h0 = j * STRIDE_H - PAD_H
@@ -242,7 +229,7 @@ def _pool_bwd_kernel(g, scratch, x, dx, total, channels, in_depth, in_height, in
     weight (``scratch``; LP: the sum then times x[q]^GRAD_POWER)."""
     lin = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = lin < total
-    n, c, p, q, r = _split(lin, channels, in_depth, in_height, in_width)
+    n, c, p, q, r = split_ncdhw(lin, channels, in_depth, in_height, in_width)
     g_image = n * g_batch_stride + c * g_channel_stride
     scratch_image = (n * channels + c) * out_depth * out_height * out_width
     me = ((p * in_height + q) * in_width + r).to(tl.int32)
@@ -408,7 +395,7 @@ def _adaptive_fwd_kernel(x, y, total, channels, in_depth, in_height, in_width, o
     (LONGEST_D x LONGEST_H x LONGEST_W)."""
     lin = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = lin < total
-    n, c, i, j, l = _split(lin, channels, out_depth, out_height, out_width)
+    n, c, i, j, l = split_ncdhw(lin, channels, out_depth, out_height, out_width)
     base = n * x_batch_stride + c * x_channel_stride
     ds, de = _adaptive_bounds(i, in_depth, out_depth)
     hs, he = _adaptive_bounds(j, in_height, out_height)
@@ -456,7 +443,7 @@ def _adaptive_bwd_kernel(g, argmax, dx, total, channels, in_depth, in_height, in
     window's argmax is (p, q, r) (max), or g / (window size) (mean)."""
     lin = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = lin < total
-    n, c, p, q, r = _split(lin, channels, in_depth, in_height, in_width)
+    n, c, p, q, r = split_ncdhw(lin, channels, in_depth, in_height, in_width)
     g_image = n * g_batch_stride + c * g_channel_stride
     argmax_image = (n * channels + c) * out_depth * out_height * out_width
     me = ((p * in_height + q) * in_width + r).to(tl.int32)

@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 
 from . import launch, numerics
+from .indexing import split_ncdhw
 from .numerics import store_value
 from ..errors import ShapeError
 from ..specs.upsample import pixel_shuffle_spec, upsample_spec
@@ -87,20 +88,6 @@ def _index_type(block, *tensors, reach=0):
     reach = max([reach] + [sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0) + 1
                            for t in tensors])
     return tl.int32 if reach + 2 * block < 2 ** 31 else tl.int64
-
-
-@triton.jit
-def _split5(index, channels, size0, size1, size2):
-    """(n, c, q0, q1, q2) of the row-major linear ``index`` into (N, C, size0, size1, size2)."""
-    q2 = index % size2
-    rest = index // size2
-    q1 = rest % size1
-    rest = rest // size1
-    q0 = rest % size0
-    rest = rest // size0
-    c = rest % channels
-    n = rest // channels
-    return n, c, q0, q1, q2
 
 
 @triton.jit
@@ -187,7 +174,7 @@ def _upsample_fwd_kernel(x, y, total, channels, in_depth, in_height, in_width, o
     (LINEAR: two per axis that is not ABSENT)."""
     lin = tl.program_id(0).to(INDEX_TYPE) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE).to(INDEX_TYPE)
     mask = lin < total
-    n, c, i, j, k = _split5(lin, channels, out_depth, out_height, out_width)
+    n, c, i, j, k = split_ncdhw(lin, channels, out_depth, out_height, out_width)
     volume = x + n * x_batch_stride + c * x_channel_stride
     if LINEAR:
         d0, d1, ld = _linear_src(i, in_depth, RULE_DEPTH, depth_ratio_bits, COMPUTE_TYPE)
@@ -236,7 +223,7 @@ def _adjoint_kernel(src, dst, total, channels, size0, size1, size2,
     COUNT of them, each checked with the forward's rule."""
     lin = tl.program_id(0).to(INDEX_TYPE) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE).to(INDEX_TYPE)
     mask = lin < total
-    n, c, q0, q1, q2 = _split5(lin, channels, size0, size1, size2)
+    n, c, q0, q1, q2 = split_ncdhw(lin, channels, size0, size1, size2)
     base = src + n * src_batch_stride + c * src_channel_stride
     if AXIS == 0:
         p = q0
@@ -274,7 +261,7 @@ def _shuffle_kernel(x, y, total, channels, size0, size1, size2, factor0, factor1
     CONVERT: y's dtype is not x's (a gradient in another dtype than the input)."""
     lin = tl.program_id(0).to(INDEX_TYPE) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE).to(INDEX_TYPE)
     mask = lin < total
-    n, c, q0, q1, q2 = _split5(lin, channels, size0, size1, size2)
+    n, c, q0, q1, q2 = split_ncdhw(lin, channels, size0, size1, size2)
     if SHUFFLE:
         p0 = q0 // factor0
         p1 = q1 // factor1
