@@ -140,6 +140,8 @@ def _pad_fwd_kernel(x, y, total, out1, out2, out3, out4, out5,
 @triton.jit
 def _take(src, offset, p, axis_stride, ok, m, COMPUTE_TYPE: tl.constexpr):
     """src[offset + p * axis_stride] in COMPUTE_TYPE where ``ok`` and 0 <= p < m, else 0."""
+    # a loop counter as a tensor, so that the comparisons give a boolean mask (Triton 3.9's interpreter)
+    p = tl.zeros_like(offset) + p
     ok = ok & (p >= 0) & (p < m)
     v = tl.load(src + offset + p * axis_stride, mask=ok, other=0.0).to(COMPUTE_TYPE)
     return tl.where(ok, v, 0.0)
