@@ -92,9 +92,39 @@ def test_every_required_trait_is_declared(prim):
         if "activation" not in inspect.signature(prim.reference()).parameters:
             problems.append("it declares fusable_activations, but its reference forward takes no "
                             "`activation` attr")
+    problems += _flops_problems(prim)
     if problems:
         pytest.fail(f"primitive {prim.name!r}: in its register(...) call in {DECLARATIONS}: "
                     + "; ".join(problems), pytrace=False)
+
+
+FLOPS_WHY = ("the kernel report's roofline counts every call's floating-point operations from it: "
+             "flops=PerElement(forward, backward) per element of the call's largest tensor, or the name of "
+             "an exact count fn(name, direction, inputs, out_shape, attrs, largest) in triflux/specs/<family>.py")
+
+
+def _flops_problems(prim):
+    if isinstance(prim.flops, registry.PerElement):
+        return []
+    if not isinstance(prim.flops, str):
+        return [f"add flops=... ({FLOPS_WHY}); it has {prim.flops!r}"]
+    try:
+        spec = importlib.import_module(f"triflux.specs.{prim.family}")
+    except ModuleNotFoundError:
+        return [f"flops={prim.flops!r} names a function of triflux/specs/{prim.family}.py, which does not exist"]
+    fn = getattr(spec, prim.flops, None)
+    if not callable(fn):
+        return [f"flops={prim.flops!r}: triflux/specs/{prim.family}.py defines no such function ({FLOPS_WHY})"]
+    if list(inspect.signature(fn).parameters) != ["name", "direction", "inputs", "out_shape", "attrs", "largest"]:
+        return [f"flops={prim.flops!r}: its parameters must be (name, direction, inputs, out_shape, attrs, largest)"]
+    return []
+
+
+def test_a_missing_flops_declaration_is_named():
+    undeclared = registry.Primitive("made_up", "conv", accumulates=False)
+    assert "add flops=" in _flops_problems(undeclared)[0]
+    misnamed = registry.Primitive("made_up", "conv", accumulates=False, flops="no_such_flops")
+    assert "defines no such function" in _flops_problems(misnamed)[0]
 
 
 @pytest.mark.parametrize("prim", PRIMITIVES, ids=lambda p: p.name)

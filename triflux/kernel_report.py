@@ -49,9 +49,11 @@ Three steps, each usable on its own:
      tensors (the foreach optimiser updates reach the parameters through a
      table of addresses), the difference is added to its launches, by their
      programs;
-   * FLOPs: from the primitive being computed, :func:`primitive_flops` (2MNK
-     for a matrix product; 2 N O (C/g) prod(o) prod(k) per direction for a
-     convolution of any rank (output sides o, kernel sides k), forward and both gradients; 2 N L (|W_ih| + |W_hh|) per
+   * FLOPs: from the primitive being computed, as its registration declares
+     them (the ``flops`` of ``triflux/primitives.py``, read by
+     :func:`primitive_flops`: 2MNK for a matrix product; 2 N O (C/g) prod(o)
+     prod(k) per direction for a convolution of any rank (output sides o,
+     kernel sides k), forward and both gradients; 2 N L (|W_ih| + |W_hh|) per
      direction for a recurrent sequence; a few per element for elementwise,
      normalisation, pooling, softmax and optimiser updates, nothing for
      copies and fills). A primitive's FLOPs go to its launches in proportion
@@ -109,6 +111,7 @@ from . import benchmarks, losses, models, optimise, registry
 from .demos import shapes as demo_shapes
 from .demos import unet as demo_unet
 from .gpus import ASSUMED_GPU, GPU, GPUS, SATURATING_WARPS
+from .primitives import REGISTRY
 
 #: architecture name -> compute capability given to GPUTarget
 ARCHS = {"sm_90": 90, "sm_80": 80}
@@ -754,81 +757,22 @@ def record_step(workload="unet", dtype="float32", batch=None, size=None, gpu=ASS
 
 # --- FLOPs --------------------------------------------------------------------------------------
 
-#: FLOPs per element of the largest tensor, (forward, backward), of families
-#: without a contraction: rough counts of the arithmetic per element
-PER_ELEMENT_FLOPS = {"elementwise": (1, 2), "reduce": (1, 1), "softmax": (5, 4), "norm": (8, 10),
-                     "upsample": (2, 2), "dropout": (2, 2), "shape": (0, 0), "fill": (0, 0),
-                     "pad": (0, 1)}
-#: FLOPs per parameter of each optimiser rule's update
-UPDATE_FLOPS = {"descent_update": 2, "momentum_update": 4, "nesterov_update": 6, "rmsprop_update": 8,
-                "adam_update": 12, "adamw_update": 14}
-
-
 def primitive_flops(call, out=None):
     """Floating-point operations of one primitive call (see the module
-    docstring): exact for contractions, a few per element for the rest. A
-    call whose arguments do not have the expected form (a kernel function
-    changed its signature) falls back to the per-element count."""
+    docstring), as its registration declares them (``flops``: exact for
+    contractions, a few per element for the rest). A call whose arguments do
+    not have the declared form (a kernel function changed its signature)
+    counts one per element of its largest tensor."""
     backward = call.direction == "backward"
     inputs = call.shapes[2:] if backward else call.shapes
     out_shape = call.shapes[1] if backward else _shape(out)
     if isinstance(out_shape, list):          # several outputs: the first
         out_shape = out_shape[0]
     largest = max([_elements(s) for s in call.shapes + [out_shape]] or [0])
-    per_element = PER_ELEMENT_FLOPS.get(call.family, (1, 1))[1 if backward else 0] * largest
     try:
-        return _contraction_flops(call, inputs, out_shape, backward, largest)
+        return REGISTRY[call.name].count_flops(call.direction, inputs, out_shape, call.attrs, largest)
     except (TypeError, IndexError, ValueError):
-        return per_element
-
-
-def _contraction_flops(call, inputs, out_shape, backward, largest):
-    fam = call.family
-    if call.name == "dense_bias_act":
-        x, w = inputs[0], inputs[1]
-        one = 2 * math.prod(x[:-1]) * w[0] * w[1]
-        return one * (sum(call.attrs.get("needs", (True, True))[:2]) if backward else 1)
-    if fam == "matmul":
-        a, b = inputs[0], inputs[1]
-        k = a[-1]
-        m = 1 if len(a) == 1 else a[-2]
-        n = 1 if len(b) == 1 else b[-1]
-        batch = math.prod(np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2])))
-        one = 2 * batch * m * n * k
-        return one * (sum(call.attrs.get("needs", (True, True))[:2]) if backward else 1)
-    if fam == "conv":
-        x, w = inputs[0], inputs[1]
-        taps = math.prod(w[1:])              # C/G times the kernel's taps, any spatial rank
-        one = 2 * math.prod(x if call.name in ("conv_transpose", "conv_transpose2d") else out_shape) * taps
-        return one * (2 if backward else 1)
-    if fam == "rnn":
-        first_weight = 3 if call.name == "lstm_sequence" else 2
-        x, w_ih, w_hh = inputs[0], inputs[first_weight], inputs[first_weight + 1]
-        one = 2 * x[0] * x[1] * (math.prod(w_ih) + math.prod(w_hh))
-        return one * (2 if backward else 1)
-    if fam == "pool":
-        # a compare or add per tap of every window, any rank (adaptive pools: about one per input
-        # element); lpnormpool's taps also take x^p (exp2(p log2|x|): ~4 FLOPs) and its windows a root
-        window = call.attrs.get("window", (1,))
-        per_tap = 5 if call.name == "lpnormpool" and call.attrs.get("p") != float("inf") else 1
-        return largest * math.prod(window) * per_tap
-    if fam == "optimise":
-        return UPDATE_FLOPS.get(call.name, 4) * _elements(inputs[0])
-    if fam == "upsample":
-        return _upsample_flops(call.name, len(inputs[0]) - 2, _elements(out_shape), backward)
-    return PER_ELEMENT_FLOPS.get(fam, (1, 1))[1 if backward else 0] * largest
-
-
-def _upsample_flops(name, rank, outputs, backward):
-    """Upsample family, per output element: pixel shuffles copy (0); nearest
-    copies forward and adds in each of its R backward passes; linear blends
-    2^R taps with 2^R - 1 lerps of 3 FLOPs forward, and backward sends each
-    gradient to two taps (multiply and add) in each of its R passes."""
-    if name in ("pixel_shuffle", "pixel_unshuffle"):
-        return 0
-    if name == "upsample_nearest":
-        return rank * outputs if backward else 0
-    return (4 * rank if backward else 3 * (2 ** rank - 1)) * outputs
+        return largest
 
 
 def _elements(shape):

@@ -4,7 +4,7 @@ table of them (``triflux.registry`` says what a declaration asks for).
 Declaring a primitive here makes the completeness test demand its parts and
 the property suite cross-check them.
 """
-from .registry import Registry
+from .registry import PerElement, Registry
 
 REGISTRY = Registry()
 register = REGISTRY.register
@@ -15,72 +15,78 @@ ACTIVATIONS_FROM_OUTPUT = ("identity", "relu", "sigmoid", "tanh")
 
 
 # --- elementwise: unary ---------------------------------------------------------
+#: a few operations per element of elementwise math, forward and backward
+_ELEMENTWISE = PerElement(1, 2)
 for _n in ("neg", "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "gelu",
            "swish", "softplus"):
-    register(_n, "elementwise", accumulates=False)
-register("gelu_erf", "elementwise", accumulates=False,
+    register(_n, "elementwise", accumulates=False, flops=_ELEMENTWISE)
+register("gelu_erf", "elementwise", accumulates=False, flops=_ELEMENTWISE,
          doc="the exact GELU x Phi(x) (NNlib's gelu_erf; gelu is the tanh form)")
-register("leakyrelu", "elementwise", accumulates=False, doc="attrs: negative_slope")
-register("elu", "elementwise", accumulates=False, doc="attrs: alpha")
-register("cast", "elementwise", accumulates=False, doc="attrs: dtype (NumPy dtype of the output)")
+register("leakyrelu", "elementwise", accumulates=False, flops=_ELEMENTWISE, doc="attrs: negative_slope")
+register("elu", "elementwise", accumulates=False, flops=_ELEMENTWISE, doc="attrs: alpha")
+register("cast", "elementwise", accumulates=False, flops=_ELEMENTWISE, doc="attrs: dtype (NumPy dtype of the output)")
 
 # --- elementwise: binary and ternary, NumPy broadcasting --------------------------
 for _n in ("add", "sub", "mul", "div", "pow", "maximum", "minimum"):
-    register(_n, "elementwise", accumulates=False, broadcasting=True)
+    register(_n, "elementwise", accumulates=False, broadcasting=True, flops=_ELEMENTWISE)
 for _n in ("eq", "ne", "lt", "le", "gt", "ge"):
-    register(_n, "elementwise", differentiable=False, broadcasting=True)
-register("where", "elementwise", accumulates=False, broadcasting=True, doc="inputs: cond (bool), a, b")
+    register(_n, "elementwise", differentiable=False, broadcasting=True, flops=_ELEMENTWISE)
+register("where", "elementwise", accumulates=False, broadcasting=True, flops=_ELEMENTWISE,
+         doc="inputs: cond (bool), a, b")
 
 # --- fills (no tensor inputs; attrs: shape, dtype, device, ...) --------------------
-register("fill", "fill", differentiable=False, doc="attrs: shape, value, dtype, device")
-register("rand_uniform", "fill", differentiable=False, random=True,
+#: copies, fills and layout changes compute nothing
+_COPY = PerElement(0, 0)
+register("fill", "fill", differentiable=False, flops=_COPY, doc="attrs: shape, value, dtype, device")
+register("rand_uniform", "fill", differentiable=False, random=True, flops=_COPY,
          doc="uniform on [0, 1); attrs: shape, dtype, seed, device")
-register("rand_normal", "fill", differentiable=False, random=True,
+register("rand_normal", "fill", differentiable=False, random=True, flops=_COPY,
          doc="standard normal; attrs: shape, dtype, seed, device")
 
 # --- reductions ---------------------------------------------------------------------
 _REDUCE_DOC = "attrs: axis (tuple of non-negative ints, sorted), keepdims"
 for _n in ("sum", "mean"):
     register(_n, "reduce", accumulates=True, multilinear_forward=True, multilinear_backward=True,
-             doc=_REDUCE_DOC)
-register("max", "reduce", accumulates=False, doc=_REDUCE_DOC)
+             flops=PerElement(1, 1), doc=_REDUCE_DOC)
+register("max", "reduce", accumulates=False, flops=PerElement(1, 1), doc=_REDUCE_DOC)
 
 # --- matrix products ------------------------------------------------------------------
 register("matmul", "matmul", accumulates=True, multilinear_forward=True, multilinear_backward=True,
-         partial_backward=True, doc="NumPy matmul semantics: vector, matrix, batched with broadcasting")
+         partial_backward=True, flops="matmul_flops", doc="NumPy matmul semantics: vector, matrix, batched with broadcasting")
 register("dense_bias_act", "matmul", accumulates=True, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
-         partial_backward=True,
+         partial_backward=True, flops="dense_bias_act_flops",
          doc="inputs: x (..., K), w (O, K) (torch's Linear layout), b (O,); attrs: activation (one of "
              "fusable_activations). y = act(x @ w^T + b) on the last axis of x, fused: a Dense layer's "
              "forward as one primitive; the backward uses only the output y.")
 
 # --- softmax family ---------------------------------------------------------------------
-register("softmax", "softmax", accumulates=True, doc="attrs: axis")
-register("logsoftmax", "softmax", accumulates=True, doc="attrs: axis")
-register("logsumexp", "softmax", accumulates=True, doc="attrs: axis, keepdims")
+_SOFTMAX = PerElement(5, 4)    # max, subtract, exp, sum, divide (or log) per element
+register("softmax", "softmax", accumulates=True, flops=_SOFTMAX, doc="attrs: axis")
+register("logsoftmax", "softmax", accumulates=True, flops=_SOFTMAX, doc="attrs: axis")
+register("logsumexp", "softmax", accumulates=True, flops=_SOFTMAX, doc="attrs: axis, keepdims")
 
 # --- shape and layout -----------------------------------------------------------------
 # (the backward of a copy is a copy, or a sum where it broadcast or repeated: multilinear)
-register("reshape", "shape", accumulates=False, multilinear_backward=True, doc="attrs: shape")
-register("transpose", "shape", accumulates=False, multilinear_backward=True, doc="attrs: axes (a permutation)")
-register("getitem", "shape", accumulates=False, multilinear_backward=True,
+register("reshape", "shape", accumulates=False, multilinear_backward=True, flops=_COPY, doc="attrs: shape")
+register("transpose", "shape", accumulates=False, multilinear_backward=True, flops=_COPY, doc="attrs: axes (a permutation)")
+register("getitem", "shape", accumulates=False, multilinear_backward=True, flops=_COPY,
          doc="attrs: index (tuple of int / slice / None)")
-register("concat", "shape", accumulates=False, multilinear_backward=True, doc="variadic inputs; attrs: axis")
-register("broadcast_to", "shape", accumulates=False, multilinear_backward=True, doc="attrs: shape")
-register("contiguous", "shape", accumulates=False, multilinear_backward=True, doc="a dense row-major copy")
+register("concat", "shape", accumulates=False, multilinear_backward=True, flops=_COPY, doc="variadic inputs; attrs: axis")
+register("broadcast_to", "shape", accumulates=False, multilinear_backward=True, flops=_COPY, doc="attrs: shape")
+register("contiguous", "shape", accumulates=False, multilinear_backward=True, flops=_COPY, doc="a dense row-major copy")
 
 # --- optimiser updates (in place, fused: one kernel per rule; mutates: x and the states) ---
-register("descent_update", "optimise", differentiable=False, foreach=True, mutates=(0,),
+register("descent_update", "optimise", differentiable=False, foreach=True, flops=PerElement(2, 0), mutates=(0,),
          doc="inputs: x, g; attrs: eta")
-register("momentum_update", "optimise", differentiable=False, foreach=True, mutates=(0, 2),
+register("momentum_update", "optimise", differentiable=False, foreach=True, flops=PerElement(4, 0), mutates=(0, 2),
          doc="inputs: x, g, v; attrs: eta, rho")
-register("nesterov_update", "optimise", differentiable=False, foreach=True, mutates=(0, 2),
+register("nesterov_update", "optimise", differentiable=False, foreach=True, flops=PerElement(6, 0), mutates=(0, 2),
          doc="inputs: x, g, v; attrs: eta, rho")
-register("adam_update", "optimise", differentiable=False, foreach=True, mutates=(0, 2, 3),
+register("adam_update", "optimise", differentiable=False, foreach=True, flops=PerElement(12, 0), mutates=(0, 2, 3),
          doc="inputs: x, g, m, v; attrs: eta, beta1, beta2, epsilon, step")
-register("adamw_update", "optimise", differentiable=False, foreach=True, mutates=(0, 2, 3),
+register("adamw_update", "optimise", differentiable=False, foreach=True, flops=PerElement(14, 0), mutates=(0, 2, 3),
          doc="inputs: x, g, m, v; attrs: eta, beta1, beta2, epsilon, lambd, step")
-register("rmsprop_update", "optimise", differentiable=False, foreach=True, mutates=(0, 2),
+register("rmsprop_update", "optimise", differentiable=False, foreach=True, flops=PerElement(8, 0), mutates=(0, 2),
          doc="inputs: x, g, s; attrs: eta, rho, epsilon")
 
 # --- spatial families: any spatial rank R in 1..3 ------------------------------------------------
@@ -93,52 +99,52 @@ _SPATIAL = ("x (N, C, *spatial) with R = 1, 2 or 3 spatial axes; per-axis attrs 
             "flat (lo_0, hi_0, ..., lo_R-1, hi_R-1). ")
 
 # --- convolution: PyTorch weight layouts -------------------------------------------------------------
-register("conv", "conv", accumulates=True, multilinear_forward=True, multilinear_backward=True,
+register("conv", "conv", accumulates=True, flops="conv_flops", multilinear_forward=True, multilinear_backward=True,
          partial_backward=True,
          doc=_SPATIAL + "inputs: x, w (O, C/groups, *kernel); attrs: stride, padding, dilation, groups. "
              "Cross-correlation, as torch's conv1d/2d/3d (and Flux's CrossCor).")
-register("conv_bias_act", "conv", accumulates=True, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
+register("conv_bias_act", "conv", accumulates=True, flops="conv_flops", fusable_activations=ACTIVATIONS_FROM_OUTPUT,
          partial_backward=True,
          doc=_SPATIAL + "inputs: x, w (O, C/groups, *kernel), b (O,); attrs: stride, padding, dilation, "
              "groups, activation (one of fusable_activations: those whose derivative is a function of "
              "their output). y = act(conv(x, w) + b[o]), fused; the backward uses only the output y.")
-register("conv_transpose", "conv", accumulates=True, multilinear_forward=True, multilinear_backward=True,
+register("conv_transpose", "conv", accumulates=True, flops="conv_flops", multilinear_forward=True, multilinear_backward=True,
          partial_backward=True,
          doc=_SPATIAL + "inputs: x, w (C, O/groups, *kernel); attrs: stride, padding, output_padding, "
              "dilation, groups. The adjoint of conv, as torch's conv_transpose1d/2d/3d.")
 
 # --- pooling: torch's max_pool / avg_pool / lp_pool / adaptive pools -------------------------------------
 # (windows sum, and overlapping windows sum their gradients: all accumulate)
-register("maxpool", "pool", accumulates=True,
+register("maxpool", "pool", flops="pool_flops", accumulates=True,
          doc=_SPATIAL + "attrs: window, stride, padding, dilation, ceil_mode. NaN propagates; the gradient "
              "goes to the first maximal element or the last NaN of each window, as torch")
-register("meanpool", "pool", accumulates=True,
+register("meanpool", "pool", flops="pool_flops", accumulates=True,
          doc=_SPATIAL + "attrs: window, stride, padding, ceil_mode, count_include_pad (divide by the taps "
              "inside the padded input, or inside the input only), as torch")
-register("lpnormpool", "pool", accumulates=True,
+register("lpnormpool", "pool", flops="pool_flops", accumulates=True,
          doc=_SPATIAL + "attrs: p (a positive float), window, stride, padding, dilation, ceil_mode. "
              "y = (sum of x^p over the window)^(1/p), as torch's lp_pool (NNlib's lpnormpool)")
-register("adaptive_maxpool", "pool", accumulates=False,
+register("adaptive_maxpool", "pool", flops="pool_flops", accumulates=False,
          doc=_SPATIAL + "attrs: size (R output sides); windows floor(i*n/m) <= h < ceil((i+1)*n/m)")
-register("adaptive_meanpool", "pool", accumulates=True,
+register("adaptive_meanpool", "pool", flops="pool_flops", accumulates=True,
          doc=_SPATIAL + "attrs: size; the windows of adaptive_maxpool")
 
 # --- resampling: torch's F.interpolate, F.pixel_shuffle ---------------------------------------------------
 # (the backward sums the gradients of every output element a source element feeds)
-register("upsample_nearest", "upsample", accumulates=True,
+register("upsample_nearest", "upsample", flops="upsample_flops", accumulates=True,
          doc=_SPATIAL + "attrs: exactly one of size (R sides) and scale (R positive ints or floats); "
              "torch's index rule")
-register("upsample_linear", "upsample", accumulates=True,
+register("upsample_linear", "upsample", flops="upsample_flops", accumulates=True,
          doc=_SPATIAL + "attrs: size or scale as upsample_nearest, align_corners. Linear along each "
              "spatial axis: linear (R = 1), bilinear (2), trilinear (3)")
-register("pixel_shuffle", "upsample", accumulates=False, multilinear_forward=True, multilinear_backward=True,
+register("pixel_shuffle", "upsample", flops="upsample_flops", accumulates=False, multilinear_forward=True, multilinear_backward=True,
          doc=_SPATIAL + "attrs: factor r. (N, C*r^R, *s) -> (N, C, *(s*r)): a permutation of the elements, "
              "torch's channel order (NNlib's pixel_shuffle in row-major layout)")
-register("pixel_unshuffle", "upsample", accumulates=False, multilinear_forward=True, multilinear_backward=True,
+register("pixel_unshuffle", "upsample", flops="upsample_flops", accumulates=False, multilinear_forward=True, multilinear_backward=True,
          doc=_SPATIAL + "attrs: factor r. The inverse of pixel_shuffle: (N, C, *(s*r)) -> (N, C*r^R, *s)")
 
 # --- padding -----------------------------------------------------------------------------------------
-register("pad", "pad", accumulates=True, multilinear_backward=True,
+register("pad", "pad", accumulates=True, multilinear_backward=True, flops=PerElement(0, 1),
          doc="inputs: x of any rank; attrs: padding (lo, hi) per axis of x, flat (2*x.ndim entries, "
              "non-negative), mode ('constant' | 'reflect' | 'replicate' | 'symmetric' | 'circular'), value "
              "(constant mode). The backward sums the gradients of every output element an input element "
@@ -151,8 +157,9 @@ for _old, _new in (("conv2d", "conv"), ("conv2d_bias_act", "conv_bias_act"), ("c
     REGISTRY.alias(_old, _new)
 
 # --- normalisation ---------------------------------------------------------------------------
+_NORM = PerElement(8, 10)    # statistics, normalisation, scale and shift per element; their gradients
 # (batch statistics and the gradients of gamma and beta are sums over N and the pixels)
-register("batchnorm_train", "norm", accumulates=True, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
+register("batchnorm_train", "norm", accumulates=True, flops=_NORM, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
          doc="inputs: x (N, C, ...), gamma (C,), beta (C,)[, running_mean (C,), running_var (C,)[, "
              "moved_mean (C,), moved_var (C,)]]; attrs: eps[, momentum], activation (one of "
              "fusable_activations, applied to the normalised output in the same kernel; the backward takes "
@@ -160,26 +167,26 @@ register("batchnorm_train", "norm", accumulates=True, fusable_activations=ACTIVA
              "channel; given the running statistics, moves them as batchnorm_running_update does, in the "
              "same launches: in place, or into the moved ones (which a training step keeps aside until it "
              "succeeds); no gradient for any of them")
-register("batchnorm_running_update", "norm", differentiable=False, accumulates=True, mutates=(1, 2),
+register("batchnorm_running_update", "norm", differentiable=False, accumulates=True, flops=_NORM, mutates=(1, 2),
          doc="inputs: x (N, C, ...), running_mean (C,), running_var (C,); attrs: momentum. In place: "
              "running = (1 - momentum) * running + momentum * the batch's mean / unbiased variance")
-register("batchnorm_test", "norm", accumulates=True, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
+register("batchnorm_test", "norm", accumulates=True, flops=_NORM, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
          doc="inputs: x, gamma, beta, mean (C,), var (C,); attrs: eps, activation (as batchnorm_train's). "
              "Uses the given (running) statistics; no gradient for mean and var")
 
 # --- dropout ---------------------------------------------------------------------------------
-register("dropout", "dropout", accumulates=False, random=True,
+register("dropout", "dropout", accumulates=False, random=True, flops=PerElement(2, 2),
          doc="attrs: p, seed. y = x * mask / (1 - p), the mask drawn on the device from the seed (the "
              "backward redraws it)")
 
 # --- recurrent sequences: batch-first x (N, L, in), PyTorch weight layouts and gate order --------------
-register("rnn_sequence", "rnn", accumulates=True, partial_backward=True,
+register("rnn_sequence", "rnn", accumulates=True, flops="recurrent_flops", partial_backward=True,
          doc="inputs: x (N, L, in), h0 (N, H), w_ih (H, in), w_hh (H, H), b_ih (H,), b_hh (H,); attrs: "
              "activation ('tanh' | 'relu'). y (N, L, H) = every hidden state h_t; BPTT backward.")
-register("lstm_sequence", "rnn", accumulates=True, partial_backward=True,
+register("lstm_sequence", "rnn", accumulates=True, flops="recurrent_flops", partial_backward=True,
          doc="inputs: x (N, L, in), h0 (N, H), c0 (N, H), w_ih (4H, in), w_hh (4H, H), b_ih (4H,), b_hh (4H,); "
              "gates i, f, g, o. y (N, L, 2H) = [h_t, c_t] on the last axis; the kernels' backward recomputes "
              "the gates, the reference's reads those its forward kept with y (or recomputes them for another array).")
-register("gru_sequence", "rnn", accumulates=True, partial_backward=True,
+register("gru_sequence", "rnn", accumulates=True, flops="recurrent_flops", partial_backward=True,
          doc="inputs: x (N, L, in), h0 (N, H), w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,); gates r, z, n "
              "(b_hn inside the reset gate's product, as torch). y (N, L, H) = every hidden state h_t.")

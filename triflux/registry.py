@@ -3,9 +3,11 @@
 To add a primitive ``<name>`` of family ``<family>``, write:
 
 1. its declaration in ``triflux/primitives.py`` (which fills and holds
-   ``REGISTRY``): ``register("<name>", "<family>", accumulates=..., doc=...)``
-   with its traits, the fields of :class:`Primitive` (``accumulates`` has no
-   default for a differentiable primitive);
+   ``REGISTRY``): ``register("<name>", "<family>", accumulates=..., flops=...,
+   doc=...)`` with its traits, the fields of :class:`Primitive` (``accumulates``
+   has no default for a differentiable primitive, ``flops`` none for any
+   primitive: :class:`PerElement` counts, or the name of an exact count in the
+   family's spec, which the kernel report's roofline reads);
 2. the reference, ``<name>_forward`` and (if differentiable) ``<name>_backward``
    in ``triflux.reference.<family>``, the math in their docstrings;
 3. the kernel, the same two functions in ``triflux.triton_kernels.<family>``;
@@ -13,11 +15,16 @@ To add a primitive ``<name>`` of family ``<family>``, write:
    ``<name>_torch(*tensors, **attrs)`` (the oracle), and, only where the
    generic tolerance floors miss a cancellation, ``<name>_magnitude(direction,
    *, inputs, attrs, out=None, grad=None, reference=None)``;
-5. the user-facing function (``triflux/ops.py``) or layer (``triflux/layers/``),
-   only when there is one.
+5. the user-facing function (``triflux/ops.py``, or ``triflux/spatial.py`` for
+   the spatial families) or layer (``triflux/layers/``), only when there is
+   one. A new layer class also needs its constructor arguments in
+   ``triflux/model_file.py``'s ``CONSTRUCTOR_ARGUMENTS`` (so model files
+   rebuild it) and, where torch has the module, a ``Conversion`` in
+   ``triflux/interop.py``'s ``CONVERSIONS``.
 
-tests/test_registry.py checks 1-4 and says what is missing where; the
-property suite (tests/test_primitives.py) then cross-checks every part.
+tests/test_registry.py checks 1-4 and says what is missing where (the flops
+declaration included); tests/test_model_file.py checks 5's model-file entry;
+the property suite (tests/test_primitives.py) then cross-checks every part.
 
 Calling conventions, identical for the reference (NumPy arrays) and the kernels
 (torch tensors used as storage):
@@ -46,6 +53,15 @@ import importlib
 from dataclasses import dataclass, field
 
 ALL_FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+@dataclass(frozen=True)
+class PerElement:
+    """A primitive's floating-point operations as a count per element of the
+    call's largest tensor, forward and backward: the model of the primitives
+    without a contraction (elementwise math, reductions, normalisation, copies: 0)."""
+    forward: float
+    backward: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,6 +96,12 @@ class Primitive:
     #: draws random numbers from a ``seed`` attr
     random: bool = False
     dtypes: tuple = ALL_FLOAT_DTYPES
+    #: the floating-point operations of a call, for the kernel report's roofline: a
+    #: :class:`PerElement`, or the name of a function of the family's spec module
+    #: (``triflux.specs.<family>``) ``fn(name, direction, inputs, out_shape, attrs, largest)``
+    #: for the exact count of a contraction (inputs: the shapes of the inputs; out_shape:
+    #: the output's; largest: the elements of the largest tensor of the call)
+    flops: object = None
     doc: str = ""
     _found: dict = field(default_factory=dict, repr=False)
 
@@ -117,6 +139,14 @@ class Primitive:
     def magnitude(self):
         """The optional tolerance floor ``<name>_magnitude``, or None."""
         return self._find("testing", "magnitude", required=False)
+
+    def count_flops(self, direction, inputs, out_shape, attrs, largest):
+        """The floating-point operations of one call in ``direction``
+        ("forward", "backward" or "update"), from the declared :attr:`flops`."""
+        if isinstance(self.flops, PerElement):
+            return (self.flops.backward if direction == "backward" else self.flops.forward) * largest
+        count = getattr(importlib.import_module(f"triflux.specs.{self.family}"), self.flops)
+        return count(self.name, direction, inputs, out_shape, attrs, largest)
 
     def parts(self):
         """(part, package, suffix) for every part this primitive must have."""

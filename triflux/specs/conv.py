@@ -33,6 +33,7 @@ front of the R spatial ones, so one code path serves all ranks.
 ``conv2d_spec``, ``conv2d_bias_act_spec`` and ``conv_transpose2d_spec`` are
 the 2-D entry points of before (2-D defaults), thin wrappers.
 """
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -292,3 +293,14 @@ def conv_transpose2d_spec(x_shape, w_shape, x_dtype, w_dtype, stride=(1, 1), pad
     """conv_transpose_spec with 2-D defaults."""
     return conv_transpose_spec(x_shape, w_shape, x_dtype, w_dtype, stride, padding, output_padding, dilation,
                                groups)
+
+
+# --- floating-point operations (the registry's ``flops``, read by the kernel report) ------------
+
+def conv_flops(name, direction, inputs, out_shape, attrs, largest):
+    """2 * (positions of the convolution's output) * C/G * prod(kernel) forward,
+    any spatial rank (a transposed convolution's output is its input side);
+    twice that backward (the input's gradient and the weight's)."""
+    x, w = inputs[0], inputs[1]
+    positions = math.prod(x if name == "conv_transpose" else out_shape)
+    return 2 * positions * math.prod(w[1:]) * (2 if direction == "backward" else 1)

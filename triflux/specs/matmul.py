@@ -14,7 +14,10 @@ its spec sees x as one (rows, K) matrix, rows the product of the leading
 axes.
 """
 import functools
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..arguments import flux_layout_hint
 from ..dtypes import as_dtype, compute_dtype
@@ -140,3 +143,24 @@ def _dense_bias_act_spec(x_shape, w_shape, b_shape, x_dtype, w_dtype, b_dtype, a
         rows *= s
     return DenseSpec(dtype=x_dtype, compute_dtype=compute_dtype(x_dtype), rows=rows, in_features=in_features,
                      out_features=out_features, out_shape=x_shape[:-1] + (out_features,), activation=activation)
+
+
+# --- floating-point operations (the registry's ``flops``, read by the kernel report) ------------
+
+def _gradients_needed(direction, attrs):
+    """How many of the two products' operands a backward computes (``needs``), else 1."""
+    return sum(attrs.get("needs", (True, True))[:2]) if direction == "backward" else 1
+
+
+def matmul_flops(name, direction, inputs, out_shape, attrs, largest):
+    """2 M N K per batch element forward; as much for each operand's gradient backward."""
+    a, b = inputs[0], inputs[1]
+    m, n = (1 if len(a) == 1 else a[-2]), (1 if len(b) == 1 else b[-1])
+    batch = math.prod(np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2])))
+    return 2 * batch * m * n * a[-1] * _gradients_needed(direction, attrs)
+
+
+def dense_bias_act_flops(name, direction, inputs, out_shape, attrs, largest):
+    """x (..., K) times w (O, K)^T: 2 * rows * O * K, per gradient backward."""
+    x, w = inputs[0], inputs[1]
+    return 2 * math.prod(x[:-1]) * w[0] * w[1] * _gradients_needed(direction, attrs)

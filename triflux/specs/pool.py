@@ -312,3 +312,12 @@ def adaptive_pool_spec(name, x_shape, dtype, size):
 def adaptive_pool2d_spec(op, x_shape, dtype, size):
     """:func:`adaptive_pool_spec` under the 2-D names (adaptive_maxpool2d, ...) too."""
     return adaptive_pool_spec(PRIMITIVE.get(op, op), x_shape, dtype, size)
+
+
+# --- floating-point operations (the registry's ``flops``, read by the kernel report) ------------
+
+def pool_flops(name, direction, inputs, out_shape, attrs, largest):
+    """A compare or add per tap of every window, any rank (adaptive pools: about
+    one per element); lpnormpool's taps also take x^p (exp2(p log2|x|), ~4)."""
+    per_tap = 5 if name == "lpnormpool" and attrs.get("p") != float("inf") else 1
+    return largest * math.prod(attrs.get("window", (1,))) * per_tap

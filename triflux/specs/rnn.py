@@ -7,6 +7,7 @@ is every hidden state, (N, L, H); the LSTM's is ``[h_t, c_t]`` per step,
 (N, L, 2H).
 """
 import functools
+import math
 from dataclasses import dataclass
 
 from ..dtypes import as_dtype, compute_dtype, is_floating
@@ -75,3 +76,13 @@ def recurrent_spec(primitive, shapes, dtypes, activation=None):
     return RecurrentSpec(primitive=primitive, gates=gates, batch=n, length=length, input_size=i,
                          hidden_size=h, dtype=dtype, compute_dtype=compute_dtype(dtype),
                          activation=activation if primitive == "rnn_sequence" else None)
+
+
+# --- floating-point operations (the registry's ``flops``, read by the kernel report) ------------
+
+def recurrent_flops(name, direction, inputs, out_shape, attrs, largest):
+    """2 N L (|W_ih| + |W_hh|) forward (the two products of every time step);
+    twice that backward."""
+    first_weight = 3 if name == "lstm_sequence" else 2
+    x, w_ih, w_hh = inputs[0], inputs[first_weight], inputs[first_weight + 1]
+    return 2 * x[0] * x[1] * (math.prod(w_ih) + math.prod(w_hh)) * (2 if direction == "backward" else 1)

@@ -377,3 +377,18 @@ def _hashable(v):
     if isinstance(v, np.ndarray):
         return tuple(v.tolist())
     return tuple(v) if isinstance(v, list) else v
+
+
+# --- floating-point operations (the registry's ``flops``, read by the kernel report) ------------
+
+def upsample_flops(name, direction, inputs, out_shape, attrs, largest):
+    """Per output element: pixel shuffles copy (0); nearest copies forward and
+    adds in each of its R backward passes; linear blends 2^R taps with 2^R - 1
+    lerps of 3 FLOPs forward, and backward sends each gradient to two taps
+    (multiply and add) in each of its R passes."""
+    if name in ("pixel_shuffle", "pixel_unshuffle"):
+        return 0
+    rank, outputs, backward = len(inputs[0]) - 2, math.prod(out_shape), direction == "backward"
+    if name == "upsample_nearest":
+        return rank * outputs if backward else 0
+    return (4 * rank if backward else 3 * (2 ** rank - 1)) * outputs
