@@ -263,18 +263,27 @@ def _adaptive(name, primitive, x, size, rank):
     return apply(_P[primitive], (x,), {"size": size}, name)
 
 
-def adaptive_maxpool(x, size):
+def _out_or_size(name, out, size):
+    if (out is None) == (size is None):
+        raise ArgumentError(f"`{name}`: give the output size once, as `out` (or torch's `size`), "
+                            f"got out={out!r}, size={size!r}")
+    return out if size is None else size
+
+
+def adaptive_maxpool(x, out=None, *, size=None):
     """torch's ``adaptive_max_pool1d/2d/3d``: (N, C, *spatial) to (N, C,
-    *size), the maximum over windows that tile the input (an int size sets
+    *out), the maximum over windows that tile the input (an int ``out`` sets
     every side of ``x``; a tuple's length sets the rank; a ``None`` side
-    keeps the input's). Math: reference/pool.py; windows: triflux/specs/pool.py."""
-    return _adaptive("adaptive_maxpool", "adaptive_maxpool", x, size, None)
+    keeps the input's; ``size=`` is the same argument). Math:
+    reference/pool.py; windows: triflux/specs/pool.py."""
+    return _adaptive("adaptive_maxpool", "adaptive_maxpool", x, _out_or_size("adaptive_maxpool", out, size), None)
 
 
-def adaptive_meanpool(x, size):
+def adaptive_meanpool(x, out=None, *, size=None):
     """torch's ``adaptive_avg_pool1d/2d/3d``: the mean over the windows of
     ``adaptive_maxpool`` (same arguments). Math: reference/pool.py."""
-    return _adaptive("adaptive_meanpool", "adaptive_meanpool", x, size, None)
+    return _adaptive("adaptive_meanpool", "adaptive_meanpool", x, _out_or_size("adaptive_meanpool", out, size),
+                     None)
 
 
 def adaptive_maxpool2d(x, size):
@@ -293,7 +302,7 @@ def adaptive_meanpool2d(x, size):
 UPSAMPLE_MODES = {"nearest": None, "linear": 1, "bilinear": 2, "trilinear": 3}
 
 
-def upsample(x, scale=None, mode="nearest", *, size=None, align_corners=False):
+def upsample(x, scale=None, mode="nearest", size=None, align_corners=False):
     """torch's ``F.interpolate`` on (N, C, *spatial): to ``size`` (one side
     per spatial axis, or an int for all), or by ``scale`` (a number or one per
     axis, ints or floats; each output side is floor(side * scale)); neither
@@ -405,31 +414,34 @@ def pad(x, pad, mode="constant", value=0, *, dims=None):
     return apply(_P["pad"], (x,), attrs, "pad")
 
 
-def pad_constant(x, pad_, value=0, *, dims=None):
-    """NNlib's ``pad_constant``: ``pad(x, pad_, "constant", value)``."""
-    return pad(x, pad_, "constant", value, dims=dims)
+_pad = pad     # the function, for NNlib's names below, whose argument is called pad too
 
 
-def pad_zeros(x, pad_, *, dims=None):
-    """NNlib's ``pad_zeros``: ``pad(x, pad_, "constant", 0)``."""
-    return pad(x, pad_, "constant", 0, dims=dims)
+def pad_constant(x, pad, value=0, *, dims=None):
+    """NNlib's ``pad_constant``: ``ops.pad(x, pad, "constant", value)``."""
+    return _pad(x, pad, "constant", value, dims=dims)
 
 
-def pad_reflect(x, pad_, *, dims=None):
-    """NNlib's ``pad_reflect``: ``pad(x, pad_, "reflect")``."""
-    return pad(x, pad_, "reflect", dims=dims)
+def pad_zeros(x, pad, *, dims=None):
+    """NNlib's ``pad_zeros``: ``ops.pad(x, pad, "constant", 0)``."""
+    return _pad(x, pad, "constant", 0, dims=dims)
 
 
-def pad_repeat(x, pad_, *, dims=None):
-    """NNlib's ``pad_repeat`` (torch's replicate): ``pad(x, pad_, "replicate")``."""
-    return pad(x, pad_, "replicate", dims=dims)
+def pad_reflect(x, pad, *, dims=None):
+    """NNlib's ``pad_reflect``: ``ops.pad(x, pad, "reflect")``."""
+    return _pad(x, pad, "reflect", dims=dims)
 
 
-def pad_symmetric(x, pad_, *, dims=None):
-    """NNlib's ``pad_symmetric``: ``pad(x, pad_, "symmetric")``."""
-    return pad(x, pad_, "symmetric", dims=dims)
+def pad_repeat(x, pad, *, dims=None):
+    """NNlib's ``pad_repeat`` (torch's replicate): ``ops.pad(x, pad, "replicate")``."""
+    return _pad(x, pad, "replicate", dims=dims)
 
 
-def pad_circular(x, pad_, *, dims=None):
-    """NNlib's ``pad_circular``: ``pad(x, pad_, "circular")``."""
-    return pad(x, pad_, "circular", dims=dims)
+def pad_symmetric(x, pad, *, dims=None):
+    """NNlib's ``pad_symmetric``: ``ops.pad(x, pad, "symmetric")``."""
+    return _pad(x, pad, "symmetric", dims=dims)
+
+
+def pad_circular(x, pad, *, dims=None):
+    """NNlib's ``pad_circular``: ``ops.pad(x, pad, "circular")``."""
+    return _pad(x, pad, "circular", dims=dims)
