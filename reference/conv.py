@@ -28,10 +28,23 @@ position columns) followed by one ``matmul``, per group of samples (one
 sample of a large volume, the whole batch of a small one); the input
 gradient is one ``matmul`` followed by col2im, one slice-add per kernel tap
 (prod(k) of them), never a loop over positions, or for stride 1 a forward
-correlation of the output gradient with the turned kernel. The groups are
-independent, so they run on all the threads at once (``_threads``: copies
-and products alike); a fused layer's bias, activation and activation
-derivative are applied group by group, while the group's block is in cache.
+correlation of the output gradient with the turned kernel.
+
+Stride 1 in 3 dimensions (a volumetric UNet's 3x3x3 convs) has a cheaper
+form, the grid (:func:`_grid_plan`): with the padded input of each
+channel laid out flat, every kernel tap is a constant offset, so the im2col
+matrix is a strided view of that one flat row per channel, copied block by
+block into cache-sized blocks (long contiguous runs) and multiplied there, on
+a grid of the padded shape whose extra columns are computed and discarded;
+the weight gradient of narrow layers then needs no im2col copy at all, one
+product per tap on shifted columns. For a 3x3x3 kernel the im2col matrix is
+27x the input: on 8-channel 32^3 volumes the grid runs the forward 2.5x and
+the weight gradient 2.4x faster than one whole im2col copy (one core).
+
+The groups are independent, so they run on all the threads at once
+(``_threads``: copies and products alike); a fused layer's bias, activation
+and activation derivative are applied group by group, while the group's
+block is in cache.
 How many samples a group holds depends on the thread count (each thread gets
 a group), so sums over groups may round differently on machines with other
 core counts. float16/bfloat16 compute in float32 and round once at the end;
@@ -192,10 +205,150 @@ def _product(wm, cols):
     return z
 
 
+#: the grid formulation (:func:`_grid_plan`) serves convolutions whose padded input has
+#: at most this many positions per output position: the products on the grid's extra
+#: columns are wasted. Measured on one core (float32, 3x3x3, pad 1, one sample), grid
+#: against im2col: 8 -> 8 channels on 32^3 (1.2 positions per output) 2.0 against 5.5 ms,
+#: 16 -> 8 4.4 against 16 ms, 16 -> 16 on 16^3 (1.42) 1.4 against 2.0 ms.
+_GRID_WASTE = 1.5
+#: the ranks the grid serves: 3-D, where the im2col matrix is 27x the input. A 2-D layer
+#: (8 x 32 channels, 48x48, 3x3) took 0.91x of im2col's CPU time on one thread but 1.07x
+#: of its time on two (each block's copy and product hand the GIL back and forth, where
+#: im2col makes one copy and one product per group); a 1-D layer's im2col copy already
+#: runs along the sequence (the grid took 1.08x of its time)
+_GRID_RANKS = (3,)
+#: the grid's im2col blocks hold about this many values (``_BLOCK_COLUMNS`` or more
+#: columns): a block and its product stay in the core's cache. Measured on one core
+#: (OpenBLAS, float32), 8 x 216 times 216 x B: 119 GFLOP/s for B = 256 and 512 (221 and
+#: 442 KB), 31-39 for B = 1024-4096.
+_BLOCK_VALUES, _BLOCK_COLUMNS = 1 << 16, 256
+#: the im2col values of a narrow product's blocks copied and multiplied by one call each:
+#: every call hands the GIL back and forth between the threads, and one block of a narrow
+#: layer's product takes ~10 us. Measured on two cores, the forward of 8 -> 8 channels on
+#: 2 x 32^3 took 4.3 ms with one block a call (4.8 on one thread), 3.1 ms with four (1 MB);
+#: a 2-D layer of 32 channels (a block ~50 us) was about 10% slower with three
+_GIL_VALUES = 1 << 18
+#: the weight gradient's blocks of xg and gg on the grid hold about this many values:
+#: measured on one core (float32, 3x3x3 on 32^3, one sample), 8 -> 8 channels 1.8 ms
+#: against 3.5 for im2col blocks, 16 -> 8 3.5 against 7.1; with 16 -> 8, blocks of 8192
+#: columns (940 KB) took twice as long as 4096
+_TAP_VALUES = 96 << 10
+
+
+@functools.lru_cache(maxsize=256)
+def _grid_plan(spec, samples):
+    """The grid formulation of a stride-1 conv over ``samples`` samples, or
+    None where it does not serve (strides; a grid with more than
+    ``_GRID_WASTE`` padded positions per output position; ranks other than
+    ``_GRID_RANKS``).
+
+    Lay the zero-padded input of every channel out flat, the samples one after
+    another: xg[c, n*L + sum_a h_a*step_a] = xp[n, c, h] with L = prod(sp)
+    positions per sample (sp the padded sides) and step_a = prod(sp[a+1:]).
+    Output position p of sample n sits at column q = n*L + sum_a p_a*step_a
+    of the same grid, and with stride 1 tap t reads xp at p + t*d, which is
+
+        xg[c, q + off(t)],   off(t) = sum_a t_a*d_a*step_a
+
+    a constant offset per tap, whatever q. So the im2col matrix of every grid
+    column q is a strided view of xg, cols[(c, t), q] = xg[c, q + off(t)], and
+    its copy runs along q: long contiguous runs. The product computes every
+    column q < Q (Q = the last output position's column + 1); columns of no
+    output position (p_a >= o_a on some axis: the padding's rows and planes,
+    across the gap between samples) are computed and discarded, so reads
+    never pass the end of xg (q + off(t) <= S*L - 1 for q < Q).
+
+    Returns (sp, the view's strides in elements (per kernel axis d_a*step_a), Q)."""
+    if any(s != 1 for s in spec.stride) or spec.rank not in _GRID_RANKS:
+        return None
+    out = spec.out_shape[2:]
+    padded = tuple(n + a + b for n, a, b in zip(spec.x_shape[2:], spec.padding_lo, spec.padding_hi))
+    if math.prod(padded) > _GRID_WASTE * math.prod(out):
+        return None
+    steps = tuple(math.prod(padded[a + 1:]) for a in range(len(padded)))
+    last = sum((o - 1) * step for o, step in zip(out, steps))
+    strides = tuple(d * step for d, step in zip(spec.dilation, steps))
+    return padded, strides, (samples - 1) * math.prod(padded) + last + 1
+
+
+def _on_grid(a, padded, lo, name):
+    """a (S, C, *s) laid out on the grid (C, S, *sp), zero where a has no
+    value (the padding; ``lo`` the padding before each axis; in scratch
+    memory ``name``: valid until its next request)."""
+    S, C = a.shape[:2]
+    R = len(padded)
+    xg = _SCRATCH.array(name, (C, S) + padded, a.dtype)
+    hi = tuple(n - a_ - s for n, a_, s in zip(padded, lo, a.shape[2:]))
+    _, borders, interior = _pad_plan((C, S) + a.shape[2:], tuple(v for pair in zip(lo, hi) for v in pair))
+    for border in borders:
+        xg[border] = 0
+    xg[interior] = a.transpose((1, 0) + _spatial(R))
+    return xg
+
+
+def _grid_blocks(xg, spec, plan, narrow=False):
+    """The grid's im2col matrix in column blocks, several at a time: yields
+    (q0, q1, cols), cols the (n, G, Cg*prod(k), b) blocks cols[j, (c, t), i]
+    = xg[c, q0 + j*b + i + off(t)] of n*b = q1 - q0 columns
+    (:func:`_grid_plan`), copied into scratch memory (valid until the next
+    yield). A block of b columns holds about ``_BLOCK_VALUES`` values;
+    for ``narrow`` products (``_NARROW`` rows or fewer), up to ``_GIL_VALUES``
+    values of them are copied by one call and multiplied by one."""
+    _, strides, Q = plan
+    C = xg.shape[0]
+    kernel = tuple(spec.kernel_size)
+    flat = xg.reshape(C, -1)
+    item = flat.itemsize
+    rows = C * math.prod(kernel)
+    width = min(max(_BLOCK_COLUMNS, _BLOCK_VALUES // rows), Q)
+    per = max(1, _GIL_VALUES // (rows * width)) if narrow else 1
+    taps = (flat.strides[0],) + tuple(s * item for s in strides)
+    memory = _SCRATCH.array("cols", (rows * width * per,), flat.dtype)
+    # view[c, t, q] = xg[c, q + off(t)]
+    view = as_strided(flat, (C,) + kernel + (Q,), taps + (item,), writeable=False)
+    q0 = 0
+    if per > 1:
+        # blocks[c, t, j, i] = xg[c, j*width + i + off(t)]: the whole blocks, per at a time
+        blocks = as_strided(flat, (C,) + kernel + (Q // width, width), taps + (width * item, item), writeable=False)
+        order = tuple(range(1, 2 + len(kernel))) + (0, 2 + len(kernel))        # (n, C, *k, b) as (C, *k, n, b)
+        for j0 in range(0, Q // width, per):
+            n = min(per, Q // width - j0)
+            cols = memory[:rows * width * n].reshape((n, C) + kernel + (width,))
+            np.copyto(cols.transpose(order), blocks[..., j0:j0 + n, :])
+            yield j0 * width, (j0 + n) * width, cols.reshape(n, spec.groups, rows // spec.groups, width)
+        q0 = Q // width * width
+    for q0 in range(q0, Q, width):                                # one block at a time (the last one narrower)
+        q1 = min(Q, q0 + width)
+        cols = memory[:rows * (q1 - q0)].reshape((C,) + kernel + (q1 - q0,))
+        np.copyto(cols, view[..., q0:q1])
+        yield q0, q1, cols.reshape(1, spec.groups, rows // spec.groups, q1 - q0)
+
+
+def _grid_conv(x, wm, spec, plan):
+    """The forward formula for a group of samples x (S, C, *s) on the grid
+    (:func:`_grid_plan`): per column block, y[g, o, q] = sum_{(c, t)}
+    w[g, o, (c, t)] * cols[g, (c, t), q]. Returns the output (S, O, *o) as a
+    view of the grid's output (O, S, *sp) (scratch memory)."""
+    padded, _, Q = plan
+    S = x.shape[0]
+    G, M = wm.shape[:2]
+    R = len(padded)
+    yg = _SCRATCH.array("grid_out", (G, M, S * math.prod(padded)), x.dtype)
+    for q0, q1, cols in _grid_blocks(_on_grid(x, padded, spec.padding_lo, "padded"), spec, plan, M <= _NARROW):
+        n, width = cols.shape[0], cols.shape[-1]
+        if n == 1:
+            np.matmul(wm, cols[0], out=yg[:, :, q0:q1])
+        else:                                                     # n blocks by one call
+            np.matmul(wm, cols, out=yg[:, :, q0:q1].reshape(G, M, n, width).transpose(2, 0, 1, 3))
+    y = yg.reshape((G * M, S) + padded)[(_ALL, _ALL) + tuple(slice(0, o) for o in spec.out_shape[2:])]
+    return y.transpose((1, 0) + _spatial(R))
+
+
 def _conv(x, w, spec, bias=None, activation="identity"):
     """The forward formula (module docstring), in the compute dtype, for x
     of the spec's input shape; with ``bias`` and ``activation``,
-    act(conv(x, w) + b), added to each group's output while it is in cache."""
+    act(conv(x, w) + b), added to each group's output while it is in cache.
+    Stride 1 on a grid with little waste: :func:`_grid_plan`; else im2col."""
     N = x.shape[0]
     O, Cg = w.shape[:2]
     G = spec.groups
@@ -206,9 +359,13 @@ def _conv(x, w, spec, bias=None, activation="identity"):
     order = (1, 0) + _spatial(R)
 
     def group(s):
-        # the weights (G, O/G, Cg*prod(k)) times the im2col matrix (G, Cg*prod(k), S*prod(o)):
-        # y[g, o, (n, p)] = sum_{(c, t)} w[g, o, (c, t)] * cols[g, (c, t), (n, p)]
-        z = _product(wm, _im2col(_padded(x[s], spec.padding), spec)).reshape((O, -1) + out).transpose(order)
+        plan = _grid_plan(spec, s.stop - s.start)
+        if plan is not None:
+            z = _grid_conv(x[s], wm, spec, plan)
+        else:
+            # the weights (G, O/G, Cg*prod(k)) times the im2col matrix (G, Cg*prod(k), S*prod(o)):
+            # y[g, o, (n, p)] = sum_{(c, t)} w[g, o, (c, t)] * cols[g, (c, t), (n, p)]
+            z = _product(wm, _im2col(_padded(x[s], spec.padding), spec)).reshape((O, -1) + out).transpose(order)
         if bias is not None:
             z += bias.reshape((1, -1) + (1,) * R)
         activate(z, activation, out=y[s])
@@ -234,11 +391,15 @@ def _flipped_correlation(g_shape, w, spec):
     not all finite (the padding's zeros would multiply them: 0 * inf is NaN);
     more output than input channels (fewer rows for the product) on inputs
     wider than 8 along the last axis, where col2im's slice-adds run long
-    enough; and batches of fewer than ``_TURNED_PIXELS`` output positions,
-    where turning the kernel (a copy of the weights) costs as much as the
-    products. Measured on two cores, a 2-D layer's whole backward took
-    0.6-1.0x of its time with col2im on the UNets' and the Chain's layers it
-    is chosen for."""
+    enough, except 3-D convs on the grid (:func:`_grid_plan`) with at least a
+    quarter as many input as output channels; and batches of fewer than
+    ``_TURNED_PIXELS`` output positions, where turning the kernel (a copy of
+    the weights) costs as much as the products. Measured on two cores, a 2-D
+    layer's whole backward took 0.6-1.0x of its time with col2im on the UNets'
+    and the Chain's layers it is chosen for; on one core, the input gradient
+    of 3x3x3 convs on 2 x 32^3 took 0.58x of col2im's time for 4 -> 8
+    channels, 0.95x for 2 -> 8 and 1.4x for 1 -> 8 (one row per product), and
+    0.65x for 8 -> 16 channels on 2 x 16^3."""
     O, Cg = w.shape[:2]
     kernel = w.shape[2:]
     G, R = spec.groups, spec.rank
@@ -247,13 +408,19 @@ def _flipped_correlation(g_shape, w, spec):
     padding = ()
     for n, lo, k, d, o in zip(spec.x_shape[2:], spec.padding_lo, kernel, spec.dilation, out):
         padding += (d * (k - 1) - lo, n + lo - o)
-    if (any(s != 1 for s in spec.stride) or min(padding) < 0 or (Cg < O // G and out[-1] > 8)
-            or g_shape[0] * math.prod(out) < _TURNED_PIXELS or not bool(np.isfinite(w).all())):
+    if (any(s != 1 for s in spec.stride) or min(padding) < 0 or g_shape[0] * math.prod(out) < _TURNED_PIXELS
+            or not bool(np.isfinite(w).all())):
+        return None
+    narrow = Cg < O // G and out[-1] > 8
+    if narrow and (R < 3 or 4 * Cg < O // G):
+        return None
+    turned = conv_spec(g_shape, (spec.x_shape[1], O // G) + kernel, w.dtype, w.dtype, (1,) * R, padding,
+                       spec.dilation, G)
+    if narrow and _grid_plan(turned, 1) is None:
         return None
     flipped = w.reshape((G, O // G, Cg) + kernel).transpose((0, 2, 1) + tuple(range(3, 3 + R)))
     flipped = flipped.reshape((spec.x_shape[1], O // G) + kernel)
-    flipped = np.ascontiguousarray(flipped[(_ALL, _ALL) + (slice(None, None, -1),) * R])
-    return flipped, conv_spec(g_shape, flipped.shape, w.dtype, w.dtype, (1,) * R, padding, spec.dilation, G)
+    return np.ascontiguousarray(flipped[(_ALL, _ALL) + (slice(None, None, -1),) * R]), turned
 
 
 def _input_grad_buffer(g, w, spec):
@@ -349,11 +516,48 @@ def _conv_input_grad(g, w, spec):
 def _weight_grad_part(x, g, spec):
     """The weight gradient's sum over one group of samples, x (S, C, *s) and
     g (S, O, *o), as one product over their (n, p) together:
-    dw[g, o, (c, t)] = sum_{(n, p)} g[g, o, (n, p)] * cols[g, (c, t), (n, p)]."""
+    dw[g, o, (c, t)] = sum_{(n, p)} g[g, o, (n, p)] * cols[g, (c, t), (n, p)],
+    or the same sum over the grid's columns (:func:`_grid_weight_grad`)."""
+    plan = _grid_plan(spec, x.shape[0])
+    if plan is not None and g.shape[1] // spec.groups <= _NARROW and bool(np.isfinite(x).all()):
+        return _grid_weight_grad(x, g, spec, plan)
     cols, gs = _im2col(_padded(x, spec.padding), spec), _batch_inside(g, spec.groups)
     if cols.shape[2] >= cols.shape[1]:     # more positions than rows: BLAS runs the same sums
         return np.matmul(cols, gs.transpose(0, 2, 1)).transpose(0, 2, 1)   # as dw^T = cols g^T, 10-20% faster
     return np.matmul(gs, cols.transpose(0, 2, 1))
+
+
+def _grid_weight_grad(x, g, spec, plan):
+    """The weight gradient's sum over one group of samples on the grid
+    (:func:`_grid_plan`), with no im2col copy: g laid out on the grid,
+    gg[o, q], zero on the columns of no output position (so they add
+    nothing), and for each tap t a product over a block of columns,
+
+        dw[o, c', t] = sum_q gg[o, q] * xg[c, q + off(t)]      (c in group(o))
+
+    xg's rows shifted by off(t) are a plain column slice, read by BLAS in
+    place: one ``matmul`` per block runs the prod(k) products of a view
+    (G, *k, Cg, columns) of xg (a step along kernel axis a moves off(t) by
+    d_a*step_a), so the block of xg and gg (``_TAP_VALUES``) stays in cache
+    through them. Needs x finite: a column of no output position still reads
+    x, and 0 * inf is NaN."""
+    padded, strides, Q = plan
+    G, (S, O), C = spec.groups, g.shape[:2], x.shape[1]
+    kernel, R = tuple(spec.kernel_size), len(padded)
+    gg = _on_grid(g, padded, (0,) * R, "grid_out").reshape(G, O // G, -1)
+    xg = _on_grid(x, padded, spec.padding_lo, "padded").reshape(G, C // G, -1)
+    item = xg.itemsize
+    shifted = as_strided(xg, (G,) + kernel + (C // G, Q), (xg.strides[0],) + tuple(s * item for s in strides) +
+                         xg.strides[1:], writeable=False)              # shifted[g, t, c', q] = xg[g, c', q + off(t)]
+    width = max(_BLOCK_COLUMNS, (_TAP_VALUES - C * sum((k - 1) * s for k, s in zip(kernel, strides))) // (C + O))
+    dw = np.zeros((G,) + kernel + (C // G, O // G), x.dtype)      # dw^T per tap
+    part = np.empty_like(dw)
+    for q0 in range(0, Q, width):
+        q1 = min(Q, q0 + width)
+        gb = gg[:, :, q0:q1].transpose(0, 2, 1).reshape((G,) + (1,) * R + (q1 - q0, O // G))
+        dw += np.matmul(shifted[..., q0:q1], gb, out=part)
+    # (G, *k, Cg, O/G) as (G, O/G, (Cg, t)), the layout of the im2col rows
+    return dw.transpose((0, R + 2, R + 1) + tuple(range(1, R + 1))).reshape(G, O // G, -1)
 
 
 def _in_order(parts, empty):

@@ -247,6 +247,85 @@ def test_narrow_products_in_column_chunks(name, monkeypatch):
             _close(a, e, 1e-12, f"chunked {name} {what}")
 
 
+GRID = ["same3x3", "same5x3", "groups2_stride1", "dilation2", "1x1", "3d_same"]
+
+
+@pytest.fixture
+def any_grid(monkeypatch):
+    """The grid for every stride-1 conv of rank 2 or 3, however wasteful
+    (``_grid_plan``'s cache cleared before and after)."""
+    ref._grid_plan.cache_clear()
+    monkeypatch.setattr(ref, "_GRID_WASTE", float("inf"))
+    monkeypatch.setattr(ref, "_GRID_RANKS", (2, 3))
+    yield
+    ref._grid_plan.cache_clear()
+
+
+@pytest.mark.parametrize("name", GRID)
+@pytest.mark.parametrize("columns,values", [(1, 1 << 18), (7, 1), (7, 1 << 18), (256, 1 << 18)])
+def test_stride1_convs_on_the_grid(name, columns, values, monkeypatch, any_grid):
+    """Stride-1 convs computed on the grid (``_grid_plan``: the padded input laid
+    out flat, each tap a constant offset; forced here on small cases, in blocks
+    of one column, of 7 (a narrower last block) and of 256, one block or many
+    per call), the forward, the input gradient as a correlation
+    with the turned kernel and the weight gradient (narrow: one product per tap;
+    else whole im2col), one sample per group and the whole batch in one, plain
+    and fused, equal torch's."""
+    monkeypatch.setattr(ref, "_BLOCK_COLUMNS", columns)
+    monkeypatch.setattr(ref, "_GIL_VALUES", values)
+    monkeypatch.setattr(ref, "_BLOCK_VALUES", 1)
+    monkeypatch.setattr(ref, "_TAP_VALUES", 1)
+    monkeypatch.setattr(ref, "_TURNED_PIXELS", 0)
+    xs, ws, attrs = CONV2D[name]
+    spec = conv_spec(xs, ws, np.float64, np.float64, **attrs)
+    assert ref._grid_plan(spec, xs[0]) is not None                     # the path under test
+    for narrow in (16, 0):                  # narrow (blocks per call, per-tap weight gradient), then not
+        monkeypatch.setattr(ref, "_NARROW", narrow)
+        for pixels, threads in ((1, 2), (1 << 20, 1)):                # a group per sample, then one group
+            monkeypatch.setattr(ref, "_GROUP_PIXELS", pixels)
+            monkeypatch.setattr(ref, "thread_count", lambda: threads)
+            x, w, g, _ = _reference_against_torch("conv", name, f"grid {columns} {narrow} {pixels}")
+            b = _rand((w.shape[0],), 5)
+            y = ref.conv_bias_act_forward(x, w, b, activation="tanh", **attrs)
+            yt = torch.tanh(oracle.conv_torch(torch.tensor(x), torch.tensor(w), **attrs)
+                            + torch.tensor(b).reshape((1, -1) + (1,) * (x.ndim - 2)))
+            _close(y, yt.numpy(), 1e-12, f"grid {name} fused y")
+    monkeypatch.setattr(ref, "_GROUP_PIXELS", 1)
+    _reference_against_torch("conv_transpose", "same3x3", "grid")
+
+
+def test_the_grid_weight_gradient_keeps_infinite_inputs_exact(any_grid):
+    """A grid column of no output position still reads the input, times a zero
+    output gradient: with an infinite input that would be 0 * inf = NaN where
+    the weight gradient has no such product, so such inputs take im2col, and the
+    NaN/inf pattern of dw is torch's."""
+    xs, ws, attrs = CONV2D["same3x3"]
+    x, w = _rand(xs, 81), _rand(ws, 82)
+    x[0, 0, 0, 0] = np.inf
+    g = _rand(ref.conv_forward(x, w, **attrs).shape, 83)
+    dw = ref.conv_backward(g, None, x, w, **attrs)[1]
+    xt, wt = torch.tensor(x), torch.tensor(w, requires_grad=True)
+    oracle.conv_torch(xt, wt, **attrs).backward(torch.tensor(g))
+    np.testing.assert_array_equal(np.isnan(dw), np.isnan(wt.grad.numpy()))
+    np.testing.assert_array_equal(np.isinf(dw), np.isinf(wt.grad.numpy()))
+    finite = np.isfinite(dw)
+    np.testing.assert_allclose(dw[finite], wt.grad.numpy()[finite], rtol=1e-12, atol=1e-12)
+
+
+def test_the_grid_serves_stride1_convs_with_little_waste():
+    """The grid serves stride 1 in 3 dimensions where the padded input has at
+    most ``_GRID_WASTE`` positions per output position (a 3-D UNet's 32^3 and
+    16^3 levels, not its 8^3 one), never strides, 1-D or 2-D convs."""
+    for sides, grid in (((32, 32, 32), True), ((16, 16, 16), True), ((8, 8, 8), False), ((48, 48), False),
+                        ((2048,), False)):
+        R = len(sides)
+        spec = conv_spec((2, 8) + sides, (8, 8) + (3,) * R, np.float32, np.float32, padding=(1, 1) * R)
+        assert (ref._grid_plan(spec, 2) is not None) == grid
+    spec = conv_spec((2, 8, 32, 32, 32), (8, 8, 3, 3, 3), np.float32, np.float32, stride=(2, 2, 2),
+                     padding=(1, 1) * 3)
+    assert ref._grid_plan(spec, 2) is None
+
+
 def test_reference_keeps_dtype():
     for name in ("groups2", "1d_stride2_groups2", "3d_same"):
         x, w, g, attrs = _problem("conv", name)
