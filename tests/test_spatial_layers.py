@@ -244,6 +244,17 @@ def test_bad_options_stop_at_construction(make, words):
         assert w in str(e.value), (w, str(e.value))
 
 
+def test_ops_take_nnlibs_pad_keyword():
+    x, w = _x(1, 2, 5, 4, 3), _x(3, 2, 3, 3, 3)
+    np.testing.assert_array_equal(ops.conv(x, w, pad=1).numpy(), ops.conv(x, w, padding=1).numpy())
+    np.testing.assert_array_equal(ops.maxpool(x, (2, 2, 2), pad=1).numpy(),
+                                  ops.maxpool(x, (2, 2, 2), padding=1).numpy())
+    np.testing.assert_array_equal(ops.lpnormpool(_x(1, 1, 6), 2, (3,), pad=(1, 0)).numpy(),
+                                  ops.lpnormpool(_x(1, 1, 6), 2, (3,), padding=(1, 0)).numpy())
+    with pytest.raises(tf.TrifluxError, match="give the padding once"):
+        ops.conv(x, w, padding=1, pad=1)
+
+
 def test_ops_name_the_rank_mismatch():
     with pytest.raises(ShapeError, match=r"`conv`.*5-d \(N, C, D, H, W\).*\(1, 1, 4, 4\)"):
         ops.conv(_x(1, 1, 4, 4), _x(2, 1, 3, 3, 3))

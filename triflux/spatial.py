@@ -44,6 +44,16 @@ def spatial_axes(rank):
     return f"(N, C, {_AXES.get(rank, '...')})"
 
 
+def _padding(name, padding, pad):
+    """``padding`` (torch's name), or ``pad`` (NNlib's and Flux's) when given instead."""
+    if pad is None:
+        return padding
+    if padding != 0:
+        raise ArgumentError(f"`{name}`: give the padding once, as padding= (torch's name) or pad= (NNlib's), "
+                            f"got padding={padding!r} and pad={pad!r}")
+    return pad
+
+
 def _rank_of(name, v, what):
     """The spatial rank a per-axis argument ``v`` sets: its length (1 to 3)."""
     if not 1 <= len(v) <= 3:
@@ -93,18 +103,19 @@ def _conv(name, x, w, rank, stride, padding, dilation, groups):
     return x, w, _conv_attrs(name, rank, stride, padding, dilation, groups)
 
 
-def conv(x, w, *, stride=1, padding=0, dilation=1, groups=1):
+def conv(x, w, *, stride=1, padding=0, dilation=1, groups=1, pad=None):
     """Cross-correlation of ``x`` (N, C, *spatial) with ``w`` (O, C/groups,
     *kernel) to (N, O, *out), as torch's ``F.conv1d/2d/3d`` (Flux's
     ``CrossCor``; NNlib's ``conv(x, w; flipped=true)``): the kernel's length
     (1 to 3) sets the spatial rank. ``stride``, ``dilation``: an int or one per
     axis; ``padding`` zeros, as the module docstring says; ``groups`` splits
-    the channels into independent groups::
+    the channels into independent groups; ``pad=`` (NNlib's name) is
+    ``padding``::
 
         conv(x, w, padding=1)     # x (N, C, L, H, W), w (O, C, 3, 3, 3): keeps the sides
 
     Math: reference/conv.py ``conv_forward``; output size: triflux/specs/conv.py."""
-    x, w, attrs = _conv("conv", x, w, None, stride, padding, dilation, groups)
+    x, w, attrs = _conv("conv", x, w, None, stride, _padding("conv", padding, pad), dilation, groups)
     conv_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
     return apply(_P["conv"], (x, w), attrs, "conv")
 
@@ -136,14 +147,15 @@ def _conv_transpose(name, x, w, rank, stride, padding, output_padding, dilation,
     return apply(_P["conv_transpose"], (x, w), attrs, name)
 
 
-def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1, pad=None):
     """The adjoint of ``conv`` (torch's ``F.conv_transpose1d/2d/3d``): ``x``
     (N, C, *spatial), ``w`` (C, O/groups, *kernel) to (N, O, *out); with a
     kernel of 2 per axis and ``stride=2`` it doubles every side.
     ``output_padding`` (an int or one per axis, each below its stride or its
     dilation) adds positions at the high end of each axis. Math:
     reference/conv.py ``conv_transpose_forward``; output size: triflux/specs/conv.py."""
-    return _conv_transpose("conv_transpose", x, w, None, stride, padding, output_padding, dilation, groups)
+    return _conv_transpose("conv_transpose", x, w, None, stride, _padding("conv_transpose", padding, pad),
+                           output_padding, dilation, groups)
 
 
 def conv2d(x, w, *, stride=1, padding=0, dilation=1, groups=1):
@@ -195,7 +207,7 @@ def _pool(name, primitive, x, window, stride, padding, rank, **extra):
     return apply(_P[primitive], (x,), attrs, name)
 
 
-def maxpool(x, window, stride=None, padding=0, dilation=1, ceil_mode=False):
+def maxpool(x, window, stride=None, padding=0, dilation=1, ceil_mode=False, *, pad=None):
     """torch's ``max_pool1d/2d/3d`` on (N, C, *spatial): the maximum over
     each ``window`` (an int pools every spatial axis of ``x``; a tuple's
     length sets the rank); ``stride`` defaults to the window; ``padding``
@@ -203,29 +215,30 @@ def maxpool(x, window, stride=None, padding=0, dilation=1, ceil_mode=False):
     rule); ``dilation`` spaces the taps; ``ceil_mode`` keeps a last partial
     window. ``maxpool(x, 2)`` halves every side. NaN propagates.
     Math: reference/pool.py ``maxpool_forward``; windows: triflux/specs/pool.py."""
-    return _pool("maxpool", "maxpool", x, window, stride, padding, None, dilation=dilation,
-                 ceil_mode=bool(ceil_mode))
+    return _pool("maxpool", "maxpool", x, window, stride, _padding("maxpool", padding, pad), None,
+                 dilation=dilation, ceil_mode=bool(ceil_mode))
 
 
-def meanpool(x, window, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+def meanpool(x, window, stride=None, padding=0, ceil_mode=False, count_include_pad=True, *, pad=None):
     """torch's ``avg_pool1d/2d/3d``: the mean over each window (arguments as
     ``maxpool``); ``count_include_pad`` divides by the taps inside the padded
     input (True) or inside the input only (False).
     Math: reference/pool.py ``meanpool_forward``."""
-    return _pool("meanpool", "meanpool", x, window, stride, padding, None, ceil_mode=bool(ceil_mode),
-                 count_include_pad=bool(count_include_pad))
+    return _pool("meanpool", "meanpool", x, window, stride, _padding("meanpool", padding, pad), None,
+                 ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad))
 
 
-def lpnormpool(x, p, window, stride=None, padding=0, dilation=1, ceil_mode=False):
+def lpnormpool(x, p, window, stride=None, padding=0, dilation=1, ceil_mode=False, *, pad=None):
     """NNlib's ``lpnormpool`` and torch's ``lp_pool1d/2d/3d``: the p-norm
     ``(sum of x^p over the window)^(1/p)`` of each window (arguments as
-    ``maxpool``; padding adds zeros to the sums). ``p`` a positive number:
+    ``maxpool``, ``pad=`` NNlib's name for ``padding``; padding adds zeros to
+    the sums). ``p`` a positive number:
     1 is the sum, 2 the Euclidean norm, large p approaches the maximum of |x|.
     Math: reference/pool.py ``lpnormpool_forward``."""
     if not isinstance(p, numbers.Real) or isinstance(p, bool) or not p > 0:
         raise ArgumentError(f"`lpnormpool`: p must be a positive number, got {p!r}")
-    return _pool("lpnormpool", "lpnormpool", x, window, stride, padding, None, p=float(p), dilation=dilation,
-                 ceil_mode=bool(ceil_mode))
+    return _pool("lpnormpool", "lpnormpool", x, window, stride, _padding("lpnormpool", padding, pad), None,
+                 p=float(p), dilation=dilation, ceil_mode=bool(ceil_mode))
 
 
 def maxpool2d(x, window, stride=None, padding=0, dilation=1, ceil_mode=False):
