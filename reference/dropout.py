@@ -13,15 +13,8 @@ are not the same numbers.
 """
 import numpy as np
 
-from .fill import check_seed
-
-
-def check_p(p):
-    """``p`` as a float, checked to be a probability."""
-    p = float(p)
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability p must be in [0, 1], got {p}")
-    return p
+from triflux.specs.dropout import check_p, keep_scale
+from triflux.specs.fill import check_seed
 
 
 def dropout_mask(shape, p, seed):
@@ -30,11 +23,6 @@ def dropout_mask(shape, p, seed):
     n = int(np.prod(shape, dtype=np.int64))
     u = np.random.default_rng(check_seed(seed)).random(n).reshape(shape)
     return (u >= p).astype(np.float64)
-
-
-def keep_scale(p):
-    """1 / (1 - p), and 0 for p = 1 (every element is dropped)."""
-    return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
 
 
 def dropout_forward(x, p, seed):

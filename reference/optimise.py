@@ -31,6 +31,7 @@ import contextlib
 import numpy as np
 
 from triflux.dtypes import compute_dtype
+from triflux.specs.optimise import check_step
 
 from ._threads import in_parallel
 
@@ -139,13 +140,6 @@ def _each_block(update, *arrays):
     a scratch array of the block's shape; the blocks are independent, so they
     run on all the reference's threads at once (``_threads``)."""
     in_parallel(lambda blocks: update(*blocks, np.empty_like(blocks[0])), list(_in_blocks(*arrays)))
-
-
-def check_step(step):
-    """``step``, the 1-based count of updates, as an int (checked)."""
-    if int(step) != step or step < 1:
-        raise ValueError(f"step is the 1-based count of updates, got {step!r}")
-    return int(step)
 
 
 def adam_update_forward(x, g, m, v, *, eta, beta1, beta2, epsilon, step):

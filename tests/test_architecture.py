@@ -137,3 +137,14 @@ def test_no_private_names_imported_across_modules():
                       if name.startswith("_") and not name.startswith("__")})
     assert not private, "private names used across modules (make them public where they are shared): " + \
         "; ".join(private)
+
+
+def test_kernels_import_no_reference_module():
+    """Kernels read the family's spec, never the reference: shared validation or
+    geometry imported from the reference could hide a bug from the
+    kernel-vs-reference check (both sides would carry it)."""
+    found = sorted({f"{MODULES[a].relative_to(ROOT)}:{line} imports {b}"
+                    for a, b, _, line, _ in IMPORTS
+                    if a.startswith("triflux.triton_kernels") and b.startswith("triflux.reference")})
+    assert not found, "move what the kernels share with the reference into triflux/specs/<family>.py: " + \
+        "; ".join(found)

@@ -15,8 +15,8 @@ their statistics, not elementwise. Inputs are read through their strides
 import triton
 import triton.language as tl
 
-from triflux.reference.dropout import check_p, keep_scale
-from triflux.reference.fill import check_seed
+from triflux.specs.dropout import check_p, keep_scale
+from triflux.specs.fill import check_seed
 
 from . import indexing, launch, numerics
 from .numerics import store_value

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from triflux.dtypes import to_torch
-from triflux.reference.fill import below_one, check_seed, check_shape, random_dtype
+from triflux.specs.fill import below_one, check_seed, check_shape, random_dtype
 
 from . import copy, launch
 

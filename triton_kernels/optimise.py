@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from triflux.errors import DeviceMismatchError, DTypeError, ShapeError
-from triflux.reference.optimise import check_step
+from triflux.specs.optimise import check_step
 
 from . import indexing, launch, numerics
 from .numerics import from_float32_pair

@@ -5,8 +5,8 @@ permute, expand, as_strided) that is what we return. Where it cannot, values
 move with ``copy.copy_into``, the strided copy kernel, which also accepts
 negative strides (``x[::-1]``) and element offsets.
 """
-from triflux.reference.shape import (broadcast_check, check_concat, index_region,
-                                     normalise_index, normalise_perm, resolve_shape)
+from triflux.specs.shape import (broadcast_check, check_concat, index_region, normalise_index, normalise_perm,
+                                 resolve_shape)
 
 from . import copy, launch
 from .reduce import unbroadcast

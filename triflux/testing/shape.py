@@ -3,7 +3,7 @@ import math
 
 from hypothesis import strategies as st
 
-from triflux.reference.shape import normalise_index
+from triflux.specs.shape import normalise_index
 
 from . import Case, floats, layouts_for, shapes
 
