@@ -118,3 +118,34 @@ def recorded_primitives(layer, x):
     finally:
         tapes.TAPE = outer
     return [prim.name for prim, *_ in tape.nodes]
+
+
+# --- layers against torch.nn -------------------------------------------------------------------
+
+def compare_layer_with_torch(layer, tlayer, x_np, dev, rtol=1e-4, atol=1e-5):
+    """``layer`` on device ``dev`` against torch module ``tlayer`` given its
+    weights (in float64): the output's shape, sum(y^2) and its gradients with
+    respect to the input, the weight and the bias."""
+    import numpy as np
+    import torch
+    import triflux as tf
+    d = device(dev)
+    tlayer = tlayer.double()
+    if hasattr(layer, "weight"):
+        with torch.no_grad():
+            tlayer.weight.copy_(torch.from_numpy(layer.weight.numpy().astype(np.float64)))
+            if getattr(layer, "bias", None) is not None:
+                tlayer.bias.copy_(torch.from_numpy(layer.bias.numpy().astype(np.float64)))
+    layer = d(layer)
+    x = d(x_np)
+    y, (g, gx) = tf.withgradient(lambda m, x: (m(x) * m(x)).sum(), layer, x)
+    tx = torch.from_numpy(x_np.astype(np.float64)).requires_grad_()
+    ty = tlayer(tx)
+    (ty * ty).sum().backward()
+    assert layer(x).shape == tuple(ty.shape)
+    np.testing.assert_allclose(float(y), float((ty * ty).sum().detach()), rtol=rtol)
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=rtol, atol=atol)
+    if hasattr(layer, "weight"):
+        np.testing.assert_allclose(g["weight"].numpy(), tlayer.weight.grad.numpy(), rtol=rtol, atol=atol)
+        if g.get("bias") is not None:
+            np.testing.assert_allclose(g["bias"].numpy(), tlayer.bias.grad.numpy(), rtol=rtol, atol=atol)

@@ -4,34 +4,10 @@ import numpy as np
 import pytest
 
 import triflux as tf
-from helpers import DEVICES, device
+from helpers import DEVICES, compare_layer_with_torch, device
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
-
-
-def _copy(tlayer, layer):
-    with torch.no_grad():
-        tlayer.weight.copy_(torch.from_numpy(layer.weight.numpy().astype(np.float64)))
-        if getattr(layer, "bias", None) is not None:
-            tlayer.bias.copy_(torch.from_numpy(layer.bias.numpy().astype(np.float64)))
-
-
-def _compare(layer, tlayer, x_np, dev, rtol=1e-4, atol=1e-5):
-    d = device(dev)
-    tlayer = tlayer.double()
-    _copy(tlayer, layer)
-    layer = d(layer)
-    x = d(x_np)
-    y, (g, gx) = tf.withgradient(lambda m, x: (m(x) * m(x)).sum(), layer, x)
-    tx = torch.from_numpy(x_np.astype(np.float64)).requires_grad_()
-    ty = tlayer(tx)
-    (ty * ty).sum().backward()
-    np.testing.assert_allclose(float(y), float((ty * ty).sum().detach()), rtol=rtol)
-    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=rtol, atol=atol)
-    np.testing.assert_allclose(g["weight"].numpy(), tlayer.weight.grad.numpy(), rtol=rtol, atol=atol)
-    if g.get("bias") is not None:
-        np.testing.assert_allclose(g["bias"].numpy(), tlayer.bias.grad.numpy(), rtol=rtol, atol=atol)
 
 
 def _x(*shape, seed=0):
@@ -46,13 +22,13 @@ def test_conv_matches_torch(dev, kw):
     tpad = "same" if pad == "same" else pad
     t = nn.Conv2d(4, 6, 3, stride=kw.get("stride", 1), padding=tpad, dilation=kw.get("dilation", 1),
                   groups=kw.get("groups", 1))
-    _compare(layer, t, _x(2, 4, 7, 6), dev)
+    compare_layer_with_torch(layer, t, _x(2, 4, 7, 6), dev)
 
 
 @pytest.mark.parametrize("dev", DEVICES)
 def test_conv_transpose_matches_torch(dev):
     layer = tf.ConvTranspose((2, 2), 4, 3, stride=2)
-    _compare(layer, nn.ConvTranspose2d(4, 3, 2, stride=2), _x(2, 4, 3, 5), dev)
+    compare_layer_with_torch(layer, nn.ConvTranspose2d(4, 3, 2, stride=2), _x(2, 4, 3, 5), dev)
 
 
 @pytest.mark.parametrize("dev", DEVICES)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import triflux as tf
-from helpers import DEVICES, device
+from helpers import DEVICES, compare_layer_with_torch, device
 from triflux import ops
 from triflux.errors import ShapeError
 
@@ -20,34 +20,6 @@ F = torch.nn.functional
 
 def _x(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def _copy(tlayer, layer):
-    with torch.no_grad():
-        tlayer.weight.copy_(torch.from_numpy(layer.weight.numpy().astype(np.float64)))
-        if getattr(layer, "bias", None) is not None:
-            tlayer.bias.copy_(torch.from_numpy(layer.bias.numpy().astype(np.float64)))
-
-
-def _compare(layer, tlayer, x_np, dev, rtol=1e-4, atol=1e-5):
-    """Forward and the gradients of sum(y^2) (input, weight, bias) against torch in float64."""
-    d = device(dev)
-    tlayer = tlayer.double()
-    if hasattr(layer, "weight"):
-        _copy(tlayer, layer)
-    layer = d(layer)
-    x = d(x_np)
-    y, (g, gx) = tf.withgradient(lambda m, x: (m(x) * m(x)).sum(), layer, x)
-    tx = torch.from_numpy(x_np.astype(np.float64)).requires_grad_()
-    ty = tlayer(tx)
-    (ty * ty).sum().backward()
-    assert layer(x).shape == tuple(ty.shape)
-    np.testing.assert_allclose(float(y), float((ty * ty).sum().detach()), rtol=rtol)
-    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=rtol, atol=atol)
-    if hasattr(layer, "weight"):
-        np.testing.assert_allclose(g["weight"].numpy(), tlayer.weight.grad.numpy(), rtol=rtol, atol=atol)
-        if g.get("bias") is not None:
-            np.testing.assert_allclose(g["bias"].numpy(), tlayer.bias.grad.numpy(), rtol=rtol, atol=atol)
 
 
 # --- layers of every rank against torch ------------------------------------------------------------
@@ -78,7 +50,7 @@ CONVS = [  # (triflux layer, torch layer, input shape)
 @pytest.mark.parametrize("case", range(len(CONVS)))
 def test_conv_layers_of_every_rank_match_torch(dev, case):
     make, tmake, shape = CONVS[case]
-    _compare(make(), tmake(), _x(*shape, seed=case), dev)
+    compare_layer_with_torch(make(), tmake(), _x(*shape, seed=case), dev)
 
 
 POOLS = [  # (triflux layer, torch layer, input shape); no weights
@@ -105,7 +77,7 @@ POOLS = [  # (triflux layer, torch layer, input shape); no weights
 @pytest.mark.parametrize("case", range(len(POOLS)))
 def test_pool_and_resampling_layers_of_every_rank_match_torch(dev, case):
     make, tmake, shape = POOLS[case]
-    _compare(make(), tmake(), _x(*shape, seed=case), dev)
+    compare_layer_with_torch(make(), tmake(), _x(*shape, seed=case), dev)
 
 
 def test_pixel_shuffle_of_volumes_and_sequences_inverts_unshuffle():
