@@ -10,8 +10,9 @@ with unchanged kernels compiles nothing):
 * sm_90: every specialization that the demo's UNet step, the report's
   default UNet step (BatchNorms of few, small channels: one program per
   channel), the volumetric UNet step (``unet3d``: 3-D convolutions, pools
-  and BatchNorms) and the benchmarks' MLP step launch, in float32 and
-  bfloat16, and the kernels with a dot (the recurrent ones among them) of
+  and BatchNorms), the ``spatial`` step (the pad, Lp-pool, pixel-shuffle and
+  linear-upsample kernels) and the benchmarks' MLP step launch, in float32
+  and bfloat16, and the kernels with a dot (the recurrent ones among them) of
   the benchmarks' LSTM step;
 * sm_80: the kernels with a dot of the demo, MLP and LSTM steps in bfloat16: the code that
   differs by architecture (mma.sync instead of wgmma, and the registers it
@@ -54,6 +55,7 @@ from helpers import run_python
 COMPILED = {
     "sm_90": [("demo", "float32", False), ("demo", "bfloat16", False), ("unet", "float32", False),
               ("unet", "bfloat16", False), ("unet3d", "float32", False), ("unet3d", "bfloat16", False),
+              ("spatial", "float32", False), ("spatial", "bfloat16", False),
               ("mlp", "float32", False), ("mlp", "bfloat16", False), ("lstm", "float32", True),
               ("lstm", "bfloat16", True)],
     "sm_80": [("demo", "bfloat16", True), ("mlp", "bfloat16", True), ("lstm", "bfloat16", True),

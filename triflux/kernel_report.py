@@ -185,6 +185,28 @@ def _in_dtype(dtype, model, *arrays):
     return (model, *(dev(a.astype(getattr(tf, dtype))) for a in arrays))
 
 
+def _spatial_step(dtype, batch, size):
+    """The spatial families beyond the UNets' convolutions and pools: a 1-D
+    model with Conv's reflect and replicate padding (the pad kernels),
+    lpnormpool, pixel shuffle, linear upsampling and symmetric padding;
+    (batch, 4, size) sequences (default 8 of 256), mse, Adam."""
+    batch, size = batch or 8, size or 256
+    rng = np.random.default_rng(0)
+    model = tf.Chain(tf.Conv((3,), 4, 16, tf.relu, pad=2, pad_mode="reflect"),
+                     lambda x: tf.ops.lpnormpool(x, 2, (2,)), tf.PixelShuffle(2),
+                     tf.Upsample("linear", scale=2), lambda x: tf.ops.pad_symmetric(x, (1, 2)),
+                     tf.Conv((3,), 8, 4, pad=1, pad_mode="replicate"))
+    x = rng.standard_normal((batch, 4, size)).astype(np.float32)
+    model, x = _in_dtype(dtype, model, x)
+    y = model(x) * 0.5                  # a target of the output's shape (no kernel runs while recording)
+    opt = optimise.setup(optimise.Adam(1e-3), model)
+
+    def step():
+        _, (g,) = tf.withgradient(lambda m: losses.mse(m(x), y), model)
+        optimise.update(opt, model, g)
+    return step
+
+
 def _mlp_step(dtype, batch, size):
     """The benchmarks' MLP step (``benchmarks.triflux_mlp_step``), in ``dtype``."""
     cfg = dict(benchmarks.MLP, batch=batch or benchmarks.MLP["batch"])
@@ -223,6 +245,8 @@ WORKLOADS = {
     "demo": ("the demo's UNet(3, 4, depth=3, base_channels=16), batch 16, 32x32, Adam", _demo_step, True),
     "unet3d": ("triflux.models.UNet(1, 2, spatial_dims=3) (depth 4, 64 base channels), batch 2, 64x64x64, "
                "logitcrossentropy, Adam", _unet3d_step, True),
+    "spatial": ("a 1-D Chain: Conv with reflect padding, lpnormpool, PixelShuffle, linear Upsample, symmetric "
+                "pad, Conv with replicate padding; batch 8, 4 x 256, mse, Adam", _spatial_step, True),
     "mlp": ("the benchmarks' MLP 784-256-256-10 relu, batch 128, logitcrossentropy, Adam", _mlp_step, False),
     "lstm": ("the benchmarks' LSTM(64 => 512) + Dense(512 => 1), batch 64, 128 steps, mse, Adam",
              _lstm_step, False),
