@@ -28,7 +28,7 @@ import numpy as np
 
 import triflux as tf
 from triflux import losses, optimise
-from triflux.demos.cli import device_from_flag
+from triflux.workbench.flags import device_from_flag
 
 SEQ_LENGTH = 20
 #: where the examples write their files unless told otherwise (ignored by git)

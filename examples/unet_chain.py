@@ -37,7 +37,7 @@ import numpy as np
 
 import triflux as tf
 from triflux import losses, optimise
-from triflux.demos.cli import device_from_flag
+from triflux.workbench.flags import device_from_flag
 
 
 def build_unet(input_channels, num_classes):

@@ -26,7 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from triflux.benchmarks import UNET, torch_unet_step, triflux_unet_step  # noqa: E402
+from triflux.workbench.benchmarks import UNET, torch_unet_step, triflux_unet_step  # noqa: E402
 
 
 def _sync(torch):

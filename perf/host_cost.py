@@ -43,8 +43,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import triflux as tf  # noqa: E402
-from triflux import benchmarks, recording  # noqa: E402
+from triflux import recording  # noqa: E402
 from triflux.triton_kernels import launch as kernel_launch  # noqa: E402
+from triflux.workbench import benchmarks  # noqa: E402
 
 LAUNCHES = [0]
 

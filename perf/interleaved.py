@@ -40,8 +40,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from triflux.benchmarks import (BUILDERS, CONV_LAYERS, LSTM_LARGE, LSTM_QUICK, MLP, RNN_SEED, SEED_CHAIN,  # noqa: E402
-                                UNET, UNET3D_SMALL, UNET_QUICK)
+from triflux.workbench.benchmarks import (BUILDERS, CONV_LAYERS, LSTM_LARGE, LSTM_QUICK, MLP, RNN_SEED,  # noqa: E402
+                                          SEED_CHAIN, UNET, UNET3D_SMALL, UNET_QUICK)
 
 
 def _add_tiny(side):

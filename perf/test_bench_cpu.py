@@ -10,7 +10,7 @@ import pytest
 
 import triflux as tf
 
-from triflux.benchmarks import torch_mlp_step, torch_unet_step, triflux_mlp_step, triflux_unet_step
+from triflux.workbench.benchmarks import torch_mlp_step, torch_unet_step, triflux_mlp_step, triflux_unet_step
 
 torch = pytest.importorskip("torch")
 
@@ -51,7 +51,7 @@ def test_overhead_grad_torch(benchmark):
     benchmark(step)
 
 
-# --- training steps: forward, backward, Adam (triflux/benchmarks.py builds both sides) ---------
+# --- training steps: forward, backward, Adam (triflux/workbench/benchmarks.py builds both)
 
 @pytest.mark.benchmark(group="mlp-step: 784-256-256-10 relu, batch 128, Adam, float32")
 def test_mlp_step_triflux(benchmark):

@@ -14,6 +14,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+from test_moved_modules import MOVED
+
 ROOT = Path(__file__).resolve().parents[1]
 #: source folders and the package names they install as (setup.py's package_dir)
 SOURCES = {"triflux": "triflux", "reference": "triflux.reference", "triton_kernels": "triflux.triton_kernels"}
@@ -148,3 +150,31 @@ def test_kernels_import_no_reference_module():
                     if a.startswith("triflux.triton_kernels") and b.startswith("triflux.reference")})
     assert not found, "move what the kernels share with the reference into triflux/specs/<family>.py: " + \
         "; ".join(found)
+
+
+#: the workbench: the tools built on the library (CLI, demos, doctor, benchmarks, kernel report)
+WORKBENCH = "triflux.workbench"
+
+
+def _in_workbench(module):
+    return module == WORKBENCH or module.startswith(WORKBENCH + ".")
+
+
+def test_the_library_never_imports_the_workbench():
+    """The workbench is built on the library, never the reverse: no module
+    outside triflux/workbench/ imports it, but the old names kept as aliases
+    of its modules (``triflux.doctor``..., tests/test_moved_modules.py)."""
+    aliases = {name for name in MOVED if name in MODULES}
+    assert {"triflux.doctor", "triflux.demos", "triflux.__main__"} <= aliases
+    found = sorted({f"{MODULES[a].relative_to(ROOT)}:{line} imports {b}" for a, b, _, line, _ in IMPORTS
+                    if _in_workbench(b) and not _in_workbench(a) and a not in aliases})
+    assert not found, "the library imports the workbench (move what it needs out of triflux/workbench/): " + \
+        "; ".join(found)
+
+
+def test_the_old_names_are_tiny_aliases():
+    """Each old name's module imports its workbench module and nothing else of the project."""
+    for name in (n for n in MOVED if n in MODULES):
+        targets = {b for a, b, *_ in IMPORTS if a == name}
+        assert targets and all(_in_workbench(b) for b in targets), (name, sorted(targets))
+        assert len(MODULES[name].read_text().splitlines()) <= 20, f"{MODULES[name]} is an alias: keep it tiny"

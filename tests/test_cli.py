@@ -53,9 +53,9 @@ def test_readme_example_runs():
 
 INTERPRETER_RUNS = """
 import sys
-from triflux import benchmarks
+from triflux.workbench import benchmarks
 from triflux.__main__ import main
-from triflux.demos import mlp, unet
+from triflux.workbench.demos import mlp, unet
 
 class Started(Exception):
     pass

@@ -20,8 +20,8 @@ interpreter off (``@triton.jit`` then builds real kernels, and every tile and
 block size is the GPU's), ``launch.launch`` is replaced by a recorder, and each
 Triton kernel launched is compiled with ``triton.compile(ASTSource(...),
 target=GPUTarget("cuda", 90, 32))``, its signature and constexprs taken from
-the recorded arguments (``triflux.kernel_report.specialization``, as Triton's
-launcher specializes them). The subprocess runs once per session; compiling takes
+the recorded arguments (``triflux.workbench.kernel_report.specialization``, as
+Triton's launcher specializes them). The subprocess runs once per session; compiling takes
 a few seconds (Triton's cache makes reruns faster).
 
 How to add a kernel: append one line to ``NAN_SENSITIVE_LAUNCHES``, a name and
@@ -42,7 +42,7 @@ import sys
 
 import pytest
 
-from triflux.kernel_report import Specialization, compile_specialization, specialization
+from triflux.workbench.kernel_report import Specialization, compile_specialization, specialization
 
 #: (name, call): the NaN-sensitive kernel specializations, by the host call
 #: that launches them (see the module docstring)

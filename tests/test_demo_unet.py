@@ -37,15 +37,15 @@ COLUMNS = ["epoch", "train_loss", "val_mean_iou", "val_pixel_accuracy", "val_iou
 #: the demo, interrupted by Ctrl-C at the end of a given optimiser step (a step counted over all epochs)
 INTERRUPTED_AT = """
 import os, signal, sys
-from triflux import optimise
+from triflux.optimise import training
 from triflux.__main__ import main
-apply_update, steps = optimise.apply_update, [0]
+apply_update, steps = training.apply_update, [0]
 def interrupting_update(*args, **kwargs):
     steps[0] += 1
     if steps[0] == {step}:
         os.kill(os.getpid(), signal.SIGINT)
     return apply_update(*args, **kwargs)
-optimise.apply_update = interrupting_update
+training.apply_update = interrupting_update
 sys.exit(main(['demo', 'unet', *{argv!r}]))
 """
 
@@ -113,7 +113,7 @@ def test_resuming_mid_epoch_logs_what_the_uninterrupted_run_logged(runs):
 
 
 def test_retention_keeps_the_newest_and_the_best(tmp_path):
-    from triflux.demos import unet
+    from triflux.workbench.demos import unet
     history = [{"epoch": e, "val_mean_iou": iou} for e, iou in enumerate([0.2, 0.7, 0.5, 0.7, 0.4, 0.6], 1)]
     names = [unet.checkpoint_name(e) for e in range(1, 7)] + [unet.interrupted_name(3), unet.interrupted_name(7)]
     for name in names:
@@ -125,7 +125,7 @@ def test_retention_keeps_the_newest_and_the_best(tmp_path):
 
 
 def test_predictions_have_a_legend_of_the_classes():
-    from triflux.demos import shapes, unet
+    from triflux.workbench.demos import shapes, unet
     images, labels = shapes.make_shapes(2, 8, seed=0)
     fig = unet.prediction_figure(images, labels, labels[::-1])
     legend = fig.legends[0]
@@ -217,7 +217,7 @@ def test_volumes_demo_trains_writes_slices_and_resumes_exactly(tmp_path):
 
 
 def test_volume_figure_shows_middle_slices():
-    from triflux.demos import unet, volumes
+    from triflux.workbench.demos import unet, volumes
     vols, labels = volumes.make_volumes(3, 8, seed=1)
     assert vols.shape == (3, 1, 8, 8, 8) and labels.shape == (3, 8, 8, 8)
     assert set(np.unique(labels)) <= {0, 1, 2, 3} and (labels > 0).any()

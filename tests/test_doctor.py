@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from triflux import backend, doctor
+from triflux import backend
+from triflux.workbench import doctor
 devices = importlib.import_module("triflux.devices")     # the module; triflux.devices is the function devices()
 from triflux.__main__ import main as cli
 from helpers import run_python

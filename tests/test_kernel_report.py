@@ -1,5 +1,5 @@
 """Compiled-code checks without a GPU: the kernels of real training steps,
-compiled for sm_90 and sm_80 by ``triflux.kernel_report``, must compile, must
+compiled for sm_90 and sm_80 by ``triflux.workbench.kernel_report``, must compile,
 not spill in the conv, matmul, recurrent and normalisation kernels, must use
 tensor cores for 16-bit dots and 128-bit loads in dense elementwise kernels.
 
@@ -76,7 +76,7 @@ KNOWN_GAPS = {}
 #: the union of specializations once per architecture, print every report's rows as JSON
 _SCRIPT = """
 import json, time
-from triflux import kernel_report as kr
+from triflux.workbench import kernel_report as kr
 plan = {plan!r}
 t0 = time.perf_counter()
 recorded = {{(w, d, arch): kr.record_step(w, d, gpu=kr.DEFAULT_GPU[arch]) for arch, steps in plan.items()
@@ -115,7 +115,7 @@ def rows(tmp_path_factory):
     print(f"kernel report: {len(found['rows'])} rows, {found['compiled']} compiled now, "
           f"{time.perf_counter() - t0:.1f} s")
     if update:
-        from triflux.kernel_report import cache_dir
+        from triflux.workbench.kernel_report import cache_dir
         entries = {key: json.loads(Path(cache_dir(), f"{key}.json").read_text()) for key in sorted(set(found["keys"]))}
         SEED.write_text(json.dumps(entries, sort_keys=True, separators=(",", ":")).replace("},", "},\n") + "\n")
     return found["rows"]
@@ -212,11 +212,11 @@ def test_the_command_sizes_the_grids_for_the_named_gpu():
     does not change the launches.)"""
     r = run_python("""
 import contextlib, io, json
-from triflux import kernel_report as kr
+from triflux.workbench import kernel_report as kr
 from triflux.__main__ import main
 from triflux.triton_kernels import launch
 real = launch.sm_count
-kr.compile_all = lambda jobs, arch: ({spec.key(): {"num_warps": 4, "regs": 32, "smem_bytes": 0} for _, spec in jobs}, 0)
+kr.report.compile_all = lambda jobs, arch: ({spec.key(): {"num_warps": 4, "regs": 32, "smem_bytes": 0} for _, spec in jobs}, 0)
 for gpu in ([], ["--gpu", "H100"]):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -237,7 +237,7 @@ print(json.dumps([launch.sm_count is real, launch.sm_count(0)]))
 # --- the model's parts, without compiling -------------------------------------------------------
 
 def test_occupancy_is_the_tightest_of_warps_registers_and_shared_memory():
-    from triflux.kernel_report import GPUS, occupancy
+    from triflux.workbench.kernel_report import GPUS, occupancy
     h100 = GPUS["H100"]
     assert occupancy(32, 0, 4, h100) == 16            # 64 warps / 4
     assert occupancy(255, 0, 4, h100) == 2            # 8,192 registers per warp (256-register units)
@@ -247,7 +247,7 @@ def test_occupancy_is_the_tightest_of_warps_registers_and_shared_memory():
 
 
 def test_predicted_time_pays_for_partial_waves_and_latency():
-    from triflux.kernel_report import GPUS, Launch, launch_time
+    from triflux.workbench.kernel_report import GPUS, Launch, launch_time
     h100 = GPUS["H100"]
     metrics = {"regs": 32, "smem_bytes": 0, "num_warps": 4, "tensor_core": False}
 
@@ -263,7 +263,7 @@ def test_predicted_time_pays_for_partial_waves_and_latency():
 
 
 def test_flops_of_contractions():
-    from triflux.kernel_report import PrimitiveCall, primitive_flops
+    from triflux.workbench.kernel_report import PrimitiveCall, primitive_flops
     mm = PrimitiveCall("matmul", "matmul", "forward", [(128, 784), (784, 256)], {})
     assert primitive_flops(mm) == 2 * 128 * 784 * 256
     back = PrimitiveCall("matmul", "matmul", "backward", [(128, 256), (128, 256), (128, 784), (784, 256)],
@@ -286,7 +286,7 @@ def test_flops_of_contractions():
 
 
 def test_widest_global_load():
-    from triflux.kernel_report import widest_global_load
+    from triflux.workbench.kernel_report import widest_global_load
     assert widest_global_load("\t@%p1 ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];") == (128, "v4.b32")
     assert widest_global_load("ld.global.L1::evict_last.b16 {%rs1}, [%rd2];") == (16, "b16")
     assert widest_global_load("cp.async.cg.shared.global [ %r41 + 0 ], [ %rd29 + 0 ], 0x10, %r42;") == \

@@ -268,8 +268,8 @@ def _worker():
     import torch
     import triton
 
-    from triflux.kernel_report import compile_specialization, specialization
     from triflux.triton_kernels import launch
+    from triflux.workbench.kernel_report import compile_specialization, specialization
     launch.INTERPRET = False
     launches = []
     launch.launch = lambda kernel, grid, *args, **meta: launches.append((kernel, args, meta))

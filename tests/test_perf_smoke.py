@@ -12,7 +12,7 @@ TINY_UNET = dict(batch=1, size=8, in_channels=3, classes=2, depth=1, base=2)
 @pytest.mark.parametrize("side", ["triflux", "torch"])
 def test_workloads_step(side):
     pytest.importorskip("torch")
-    from triflux import benchmarks as workloads
+    from triflux.workbench import benchmarks as workloads
     workloads.BUILDERS["mlp", side](dict(batch=4, sizes=(6, 5, 5, 3)))()
     workloads.BUILDERS["unet", side](TINY_UNET)()
     workloads.BUILDERS["rnn_seed", side]()()
@@ -24,7 +24,7 @@ def test_torch_unet_is_triflux_unet():
     """Same architecture: the same parameter shapes in the same order."""
     pytest.importorskip("torch")
     import triflux as tf
-    from triflux import benchmarks as workloads
+    from triflux.workbench import benchmarks as workloads
     cfg = dict(TINY_UNET, depth=2)
     ours = sorted(t.shape for t in tf.functor.leaves(tf.models.UNet(3, 2, depth=2, base_channels=2)))
     theirs = sorted(tuple(v.shape) for v in workloads.torch_unet(cfg).state_dict().values() if v.ndim > 0)
@@ -43,12 +43,12 @@ def test_gpu_benchmark_script_smoke():
 
 
 def test_bench_command_prints_a_table():
-    r = run_python("import sys; from triflux.benchmarks import main, QUICK; import triflux.benchmarks as b; "
+    r = run_python("import sys; from triflux.workbench import benchmarks as b; main = b.main; "
                    "b.QUICK = (('tiny mlp', 'mlp', dict(batch=4, sizes=(6, 5, 5, 3))),); sys.exit(main(['--reps', '1']))")
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith("| tiny mlp")]
     assert len(rows) == 1 and rows[0].rstrip().endswith("x |")
-    bad = run_python("import sys; from triflux.benchmarks import main; sys.exit(main(['--reps', '0']))")
+    bad = run_python("import sys; from triflux.workbench.benchmarks import main; sys.exit(main(['--reps', '0']))")
     assert bad.returncode == 2 and "--reps must be positive" in bad.stderr
 
 

@@ -75,7 +75,7 @@ def test_a_warm_step_takes_no_new_pages():
     # an LSTM whose step allocates ~7 MB: with glibc's own thresholds, 1,700 page faults a step
     faults = _run("""
         import json, resource
-        from triflux.benchmarks import BUILDERS
+        from triflux.workbench.benchmarks import BUILDERS
         step = BUILDERS["lstm_large", "triflux"](dict(kind="lstm", batch=16, length=32, inputs=64, hidden=128))
         for _ in range(3):
             step()

@@ -1,5 +1,5 @@
 """The GPUs triflux models: peak figures and the per-SM limits that bound
-occupancy, read by the kernel report's roofline (``triflux.kernel_report``)
+occupancy, read by the kernel report's roofline (``triflux.workbench.kernel_report``)
 and by the kernels' host plans when they size a grid for the GPU
 (``triflux.triton_kernels.launch.sm_count``). No GPU is needed to read them.
 """
@@ -54,5 +54,5 @@ GPUS = {
 ASSUMED_GPU = "H100"
 
 #: resident warps with which an SM reaches its share of the peak: more programs per SM
-#: than that add no throughput (four warps per scheduler; ``triflux.kernel_report``'s model)
+#: than that add no throughput (four warps per scheduler; ``triflux.workbench.kernel_report``'s model)
 SATURATING_WARPS = 16

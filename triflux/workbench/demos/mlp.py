@@ -12,7 +12,7 @@ import numpy as np
 
 import triflux as tf
 from triflux import losses, optimise
-from .cli import device_from_flag, interpreter_notice
+from ..flags import device_from_flag, interpreter_notice
 
 
 def load_digits_split(seed=0, test_fraction=0.2):

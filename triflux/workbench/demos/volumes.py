@@ -1,6 +1,6 @@
 """A volumetric segmentation data set generated on the fly: 3-D volumes of
 overlapping spheres, boxes and cylinders in noise, with a class label per
-voxel (the 3-D counterpart of ``triflux.demos.shapes``, as a biomedical scan
+voxel (the 3-D counterpart of ``triflux.workbench.demos.shapes``, as a biomedical scan
 is of a photograph).
 
 Classes: 0 background, 1 sphere, 2 box, 3 cylinder. Each volume holds a few
@@ -12,7 +12,7 @@ Gaussian noise is added, so intensity alone does not give the class: the
 model has to learn shape in three dimensions.
 
 Everything comes from one NumPy seed, so a data set is reproducible. The
-metrics (confusion, IoU, accuracy) are ``triflux.demos.shapes``'s.
+metrics (confusion, IoU, accuracy) are ``triflux.workbench.demos.shapes``'s.
 """
 import numpy as np
 

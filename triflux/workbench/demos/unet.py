@@ -1,8 +1,8 @@
 """Train a UNET to segment generated images (or volumes) of overlapping shapes.
 
-The data (triflux.demos.shapes) are made on the fly from --seed: discs,
+The data (triflux.workbench.demos.shapes) are made on the fly from --seed: discs,
 rectangles and triangles of random colours on noisy gradient backgrounds,
-with a class per pixel. With --spatial-dims 3 (triflux.demos.volumes) they
+with a class per pixel. With --spatial-dims 3 (triflux.workbench.demos.volumes) they
 are volumes of spheres, boxes and cylinders in noise, a class per voxel,
 segmented by a 3-D UNet. A triflux.models.UNet learns them with Adam on the
 default device (a functional GPU, else the CPU reference) or --device.
@@ -30,7 +30,7 @@ import numpy as np
 import triflux as tf
 from triflux import losses, optimise
 from triflux.models import UNet
-from .cli import device_from_flag, interpreter_notice
+from ..flags import device_from_flag, interpreter_notice
 from . import shapes, volumes
 from .shapes import class_iou, confusion, make_shapes, mean_iou, pixel_accuracy, split
 from .volumes import make_volumes
