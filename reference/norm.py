@@ -37,8 +37,15 @@ def _spec(x, per_channel, eps, activation="identity"):
 def _rows(x):
     """x (N, C, ...) as (N, C, S), S = prod(spatial) (1 for (N, C)): each (n, c)
     row contiguous for a C-ordered x (a view), so sums along it are NumPy's
-    pairwise sums and products along it one BLAS dot."""
+    pairwise sums and its sums of products one loop (:func:`_channel_dot`)."""
     return x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+
+
+def _slice_rows(a, cs):
+    """The rows (:func:`_rows`) of the channel slice ``cs`` of a C-ordered
+    array a (N, C, ...): a view, written through."""
+    part = a[:, cs]
+    return part.reshape(part.shape[:2] + (math.prod(part.shape[2:]),), copy=False)
 
 
 def _channel_sum(rows):
@@ -48,38 +55,50 @@ def _channel_sum(rows):
 
 def _channel_dot(a_rows, b_rows):
     """sum over n and s of a * b for rows (N, C, S): (C,), in one pass without
-    the product as an array (np.vecdot along each row)."""
-    return np.add.reduce(np.vecdot(a_rows, b_rows), axis=0)
+    the product as an array (np.einsum's loop along each row). Not np.vecdot
+    (a BLAS dot per row): OpenBLAS's calls from two threads at once ran slower
+    than from one, two halves of (2, 8, 32768) float32 rows on two threads in
+    0.73x the time of the whole on one thread where einsum's took 1.86x (one
+    thread alone runs vecdot ~1.5x as fast), and the sums must not depend on
+    the thread count."""
+    return np.add.reduce(np.einsum("ncs,ncs->nc", a_rows, b_rows), axis=0)
 
 
 class _BatchStats:
     """Per-channel statistics of x over N and the spatial positions (keepdims),
     from one sum of squares ss = sum (x - mean)^2:
 
-    ``mean``; ``centred`` = x - mean as rows (N, C, S) (:func:`_rows`); ``var``
-    = ss / M (biased, normalising); ``running_mean`` and ``unbiased`` = ss /
-    (M - 1) (M - 1 taken as 1 when M = 1), what a running average takes (a
-    channel whose plain mean is +-inf keeps it as its mean: torch's). With no
-    values per channel (N = 0), zeros.
+    ``mean``; ``var`` = ss / M (biased, normalising); ``running_mean`` and
+    ``unbiased`` = ss / (M - 1) (M - 1 taken as 1 when M = 1), what a running
+    average takes (a channel whose plain mean is +-inf keeps it as its mean:
+    torch's). With no values per channel (N = 0), zeros.
+
+    The mean in two steps: the plain mean p = sum x / M, then the mean of
+    ``centred`` = x - p as rows (N, C, S) (:func:`_rows`; into ``out`` when
+    given), ``shift`` = sum (x - p) / M (p's rounding, u |p|, would otherwise
+    dominate x - mean when the spread is small next to the mean, x ~ 50 +- 1):
+    mean = p + shift, x - mean = centred - shift and
+
+        ss = sum (x - p - shift)^2 = sum (x - p)^2 - M shift^2
+
+    (taken as 0 should rounding make it negative).
     """
 
-    def __init__(self, x, spec):
+    def __init__(self, x, spec, out=None):
         m = spec.values_per_channel
         keepdims = (1, x.shape[1]) + (1,) * (x.ndim - 2)
         if m == 0:
             z = np.zeros(keepdims, x.dtype)
             self.mean = self.var = self.running_mean = self.unbiased = z
             self.centred = np.zeros((x.shape[0], x.shape[1], 0), x.dtype)
+            self.shift = np.zeros(x.shape[1], x.dtype)
             return
         rows = _rows(x)
         plain = _channel_sum(rows) / m
-        self.centred = rows - plain[:, None]
-        # one refinement: the rounding of the first mean (u |mean|) would otherwise
-        # dominate x - mean when the spread is small next to the mean (x ~ 50 +- 1)
-        shift = _channel_sum(self.centred) / m
-        self.centred -= shift[:, None]
-        ss = _channel_dot(self.centred, self.centred)
-        self.mean = (plain + shift).reshape(keepdims)
+        self.centred = np.subtract(rows, plain[:, None], out=out)
+        self.shift = _channel_sum(self.centred) / m
+        ss = np.maximum(_channel_dot(self.centred, self.centred) - m * self.shift * self.shift, 0)
+        self.mean = (plain + self.shift).reshape(keepdims)
         self.var = (ss / m).reshape(keepdims)
         self.unbiased = ss / max(m - 1, 1)
         self.running_mean = np.where(np.isinf(plain), plain, self.mean.reshape(-1))
@@ -151,16 +170,19 @@ def batchnorm_train_forward(x, gamma, beta, running_mean=None, running_var=None,
     xc, gamma, beta = in_compute_dtype(x, gamma, beta)
     slices = slices_per_thread(spec.channels, xc.size)        # each channel's math is independent
     y = None if len(slices) == 1 else np.empty(x.shape, spec.dtype)
+    direct = y is not None and y.dtype == xc.dtype             # then each slice is computed in y itself
 
     def channels(cs):
-        stats = _BatchStats(xc[:, cs], spec)
+        stats = _BatchStats(xc[:, cs], spec, out=_slice_rows(y, cs) if direct else None)
         istd = 1 / np.sqrt(stats.var.reshape(-1) + xc.dtype.type(eps))
-        # y = act(xhat * gamma + beta) = act((x - mean) * (gamma istd) + beta), over x - mean
+        # y = act(xhat * gamma + beta) = act((x - p - shift) * a + beta), a = gamma istd,
+        # over x - p (``centred``): act((x - p) * a + (beta - shift * a))
+        scale = gamma[cs] * istd
         z = stats.centred
-        z *= (gamma[cs] * istd)[:, None]
-        z += beta[cs][:, None]
+        z *= scale[:, None]
+        z += (beta[cs] - stats.shift * scale)[:, None]
         out = activate(z, spec.activation, out=z).reshape(xc[:, cs].shape)
-        if y is not None:
+        if y is not None and not direct:
             y[:, cs] = out
         return stats, out
     parts = in_parallel(channels, slices)
@@ -171,6 +193,22 @@ def batchnorm_train_forward(x, gamma, beta, running_mean=None, running_var=None,
         _move_running_stats(x, running, moved or running, momentum, stats)
     keep_for_backward(y, stats.mean, stats.var)
     return y
+
+
+def _through_relu(grad, out):
+    """(g, sum g per channel) for g = dL/dz of y = relu(z), grad where not
+    y <= 0 and 0 elsewhere (:func:`through_activation`'s select), as grad times
+    the mask: one product, where the select takes three passes over the
+    gradient. Equal to the select for finite gradients (a dropped negative
+    one gives -0, which adds as +0); an infinite or NaN one (inf * 0 = NaN)
+    makes its channel's sum non-finite, and then g is (None, None): the
+    caller takes the select."""
+    keep = out <= 0
+    np.logical_not(keep, out=keep)                       # not y <= 0: NaN keeps its gradient
+    with np.errstate(invalid="ignore"):                  # inf * 0: the caller takes the select
+        g = _rows(np.multiply(grad, keep))
+    total = _channel_sum(g)
+    return (g, total) if np.isfinite(total).all() else (None, None)
 
 
 def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, running_var=None, moved_mean=None,
@@ -197,6 +235,7 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, runni
         kept = [v.astype(x.dtype, copy=False) for v in kept]
     slices = slices_per_thread(spec.channels, x.size)
     dx = None if len(slices) == 1 else np.empty(x.shape, dtypes[0])
+    direct = dx is not None and dx.dtype == x.dtype             # then each slice is computed in dx itself
 
     def channels(cs):
         xs = x[:, cs]
@@ -207,10 +246,12 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, runni
             mean, var = (v[:, cs] for v in kept)
         if m == 0:
             return np.zeros_like(xs), np.zeros(xs.shape[1], xs.dtype), np.zeros(xs.shape[1], xs.dtype)
-        g = _rows(through_activation(grad[:, cs], out[:, cs], spec.activation))
+        g, dbeta = _through_relu(grad[:, cs], out[:, cs]) if spec.activation == "relu" else (None, None)
+        if dbeta is None:
+            g = _rows(through_activation(grad[:, cs], out[:, cs], spec.activation))
+            dbeta = _channel_sum(g)
         istd = 1 / np.sqrt(var.reshape(-1) + x.dtype.type(eps))
-        centred = _rows(xs) - mean.reshape(-1, 1)
-        dbeta = _channel_sum(g)
+        centred = np.subtract(_rows(xs), mean.reshape(-1, 1), out=_slice_rows(dx, cs) if direct else None)
         dgamma = _channel_dot(g, centred) * istd          # sum g * xhat, xhat = (x - mean) istd
         # dx = gamma istd (g - dbeta / M - xhat dgamma / M), its passes in place over x - mean
         dxs = centred
@@ -219,7 +260,7 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, runni
         dxs -= (dbeta / m)[:, None]
         dxs *= (gamma[cs] * istd)[:, None]
         dxs = dxs.reshape(xs.shape)
-        if dx is not None:
+        if dx is not None and not direct:
             dx[:, cs] = dxs
         return dxs, dgamma, dbeta
     parts = in_parallel(channels, slices)

@@ -492,7 +492,8 @@ def test_kernel_lp_matches_torch_module_samples(p, k, s, shape):
 
 @needs_kernels
 @pytest.mark.parametrize("attrs", [_lp(1.0, (3, 3), (2, 2), ceil_mode=True)[1], _lp(3.0, (2,), (2,))[1],
-                                   _lp(float("inf"), (2, 2, 1), (1, 2, 1), (1, 1, 0, 0, 0, 0))[1]])
+                                   _lp(float("inf"), (2, 2, 1), (1, 2, 1), (1, 1, 0, 0, 0, 0))[1],
+                                   _lp(float("inf"), (2, 2), (2, 2))[1]])
 def test_kernel_lp_signs_and_zero_sums(attrs):
     shape = {1: (2, 3, 8), 2: (2, 3, 7, 6), 3: (1, 2, 4, 5, 4)}[len(attrs["window"])]
     x = np.random.default_rng(2).integers(-2, 3, shape).astype(np.float64)
@@ -519,6 +520,7 @@ def test_kernel_reads_views_in_place(name, attrs):
 @needs_kernels
 @pytest.mark.parametrize("name,attrs", [_max((3, 3), (1, 1), (1, 1, 1, 1)), _max((2, 2), (2, 2)),
                                         _max((3, 2), (2, 1), (0, 1, 1, 1)), _max((3, 2), (2, 1), (1, 1, 1, 1), (1, 2), True),
+                                        _max((2, 2), (3, 2), (1, 0, 1, 1), (2, 1), True),
                                         (AMAX, dict(size=(3, 4))), (AMAX, dict(size=(9, 9)))])
 def test_kernel_max_ties_and_nan(name, attrs):
     rng = np.random.default_rng(4)
@@ -529,6 +531,28 @@ def test_kernel_max_ties_and_nan(name, attrs):
     y, dx = _kernel_vs_torch(name, attrs, x, g, "float32")
     rdx, = call(ref, name, "backward", g, _np(y), x, **attrs)
     np.testing.assert_array_equal(_np(dx), rdx)     # integer gradients: exact
+
+
+@needs_kernels
+@pytest.mark.parametrize("name,attrs,launches", [(*_max((2, 2), (2, 2)), 1), (*_max((2, 2, 2), (2, 2, 2)), 1),
+                                                 (*_lp(float("inf"), (2,), (3,)), 1),
+                                                 (*_max((3, 3), (2, 2), (1, 1, 1, 1)), 2),
+                                                 (*_max((2, 2), (2, 2), dilation=(2, 1)), 2)])
+def test_max_pool_backward_of_windows_apart_is_one_launch(name, attrs, launches, monkeypatch):
+    """Windows that share no input element (stride at least the dilated window):
+    the backward recomputes each window's argmax itself, one launch and no
+    scratch; overlapping windows take the forward's argmax first (two)."""
+    from triflux.triton_kernels import launch
+    x = rnd(SHAPE[_rank(attrs)], 5)
+    g = rnd(out_shape(name, x.shape, **attrs), 6)
+    xt = _tensor(x, "float32")
+    y = call(kp, name, "forward", xt, **attrs)
+    kernels, real = [], launch.launch
+    monkeypatch.setattr(launch, "launch", lambda k, grid, *a, **m: (kernels.append(k), real(k, grid, *a, **m))[1])
+    dx, = call(kp, name, "backward", _tensor(g, "float32"), y, xt, **attrs)
+    assert len(kernels) == launches and kernels[-1] is kp._pool_bwd_kernel, kernels
+    x, g = _np(xt), _np(_tensor(g, "float32"))         # the values the kernel sees
+    np.testing.assert_allclose(_np(dx), call(ref, name, "backward", g, _np(y), x, **attrs)[0], rtol=1e-6)
 
 
 @needs_kernels

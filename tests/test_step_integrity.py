@@ -15,7 +15,7 @@ import triflux as tf
 from triflux import autodiff, dispatch, optimise
 from triflux.errors import GradientError, NonFiniteError, OutOfMemoryError, ShapeError
 from triflux.losses import mse
-from triflux.optimise import Adam, setup, train
+from triflux.optimise import Adam, rules, setup, train
 from triflux.persistence import state
 
 from helpers import DEVICES, device
@@ -26,7 +26,7 @@ class PrimitiveCalls:
     backward and optimiser update, on any device) and makes call number
     ``fail_at`` raise ``error`` instead of running."""
 
-    MODULES = (dispatch, autodiff, optimise)   # each calls `implementation` by its own name
+    MODULES = (dispatch, autodiff, rules)   # each calls `implementation` by its own name (rules: the updates)
 
     def __init__(self, fail_at=None, error=None):
         self.calls, self.fail_at, self.error = 0, fail_at, error

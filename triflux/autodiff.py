@@ -11,7 +11,8 @@ no tensor keeps a reference to any graph.
 
 Gradients mirror their argument (API.md "Structure"): a Tensor for a
 Tensor, a dict keyed by field name for a layer, a list for ``Chain``'s
-``layers``, ``None`` where there is no gradient.
+``layers``, ``None`` where there is no gradient. A layer is walked along its
+skeleton (``triflux.skeleton``), remembered while its structure is unchanged.
 """
 import functools
 import types
@@ -22,16 +23,13 @@ import numpy as np
 from . import functor, tape
 from .constructors import fill
 from .dispatch import implementation
-from .dtypes import is_floating
+from .dtypes import holds_floats, is_floating
 from .errors import GradientError
 from .modes import all_or_nothing
 from .primitives import REGISTRY
 from .reference._util import keeping_for_backward
+from .skeleton import DICT, LAYER, LIST, TENSOR, TUPLE, skeleton
 from .tensor import Tensor, as_tensor
-
-
-def _watchable(t):
-    return is_floating(t.dtype)
 
 
 def backprop(recording, out, seed):
@@ -39,13 +37,17 @@ def backprop(recording, out, seed):
     the tape ``recording``, as a dict from ``id(tensor)`` to backend arrays."""
     grads = {id(out): seed}
     live = recording.live
+    backwards = {}       # (primitive, on the CPU?) -> its backward there, found once per call
     for prim, inputs, y, attrs in reversed(recording.nodes):
         g = grads.pop(id(y), None)
         if g is None:
             continue
-        backward = implementation(prim, y._device, "backward")
+        device = y._device
+        backward = backwards.get((prim, device.is_cpu))
+        if backward is None:
+            backward = backwards[prim, device.is_cpu] = implementation(prim, device, "backward")
         if prim.partial_backward:
-            needs = tuple(id(t) in live for t in inputs)
+            needs = tuple([id(t) in live for t in inputs])
             gin = backward(g, y._data, *[t._data for t in inputs], needs=needs, **attrs)
         else:
             gin = backward(g, y._data, *[t._data for t in inputs], **attrs)
@@ -53,7 +55,7 @@ def backprop(recording, out, seed):
             if gi is None or id(t) not in live:
                 continue
             prev = grads.get(id(t))
-            grads[id(t)] = gi if prev is None else implementation(REGISTRY["add"], y._device)(prev, gi)
+            grads[id(t)] = gi if prev is None else implementation(REGISTRY["add"], device)(prev, gi)
     return grads
 
 
@@ -118,7 +120,9 @@ def differentiate(f, args, who="gradient"):
             "differentiated): second-order gradients are not supported in triflux. Take each gradient "
             "on its own, outside the other.")
     args = tuple(as_tensor(a) if isinstance(a, np.ndarray) else a for a in args)
-    watched = [t for a in args for t in functor.leaves(a) if isinstance(t, Tensor) and _watchable(t)]
+    shapes = [skeleton(a) for a in args]      # each layer walked once, or remembered
+    watched = [t for a, shape in zip(args, shapes) for t in (functor.leaves(a) if shape is None else shape.leaves)
+               if isinstance(t, Tensor) and holds_floats(t._data.dtype)]
     if not watched:
         raise GradientError(_nothing_to_differentiate(who, args))
     with all_or_nothing():
@@ -142,7 +146,8 @@ def differentiate(f, args, who="gradient"):
                                 "loss has no gradient: compute it from the model's floating-point output)")
         connected = id(y) in recording.live
         grads = backprop(recording, y, fill(y.shape, 1, y.dtype, y.device)._data) if connected else {}
-        return y, tuple(_mirror(a, grads) for a in args), connected
+        return y, tuple(_mirror(a, grads) if shape is None else _mirror_recipe(shape.recipe, grads)
+                        for a, shape in zip(args, shapes)), connected
 
 
 def _flat(a):
@@ -191,6 +196,28 @@ def ignore_derivatives(x):
     if isinstance(x, (types.FunctionType, types.MethodType, functools.partial)):
         x = x()
     return functor.fmap(lambda a: a.detach() if isinstance(a, Tensor) else a, x)
+
+
+def _mirror_recipe(node, grads):
+    """:func:`_mirror` of a layer along its skeleton's recipe (the same tree)."""
+    kind = node[0]
+    if kind == LAYER or kind == DICT:
+        return {name: _leaf_gradient(sub, grads) if sub[0] == TENSOR else _mirror_recipe(sub, grads)
+                for name, sub in node[1]}
+    if kind == LIST:
+        return [_mirror_recipe(sub, grads) for sub in node[1]]
+    if kind == TUPLE:
+        items = [_mirror_recipe(sub, grads) for sub in node[1]]
+        return node[2](*items) if hasattr(node[2], "_fields") else node[2](items)
+    if kind == TENSOR:
+        return _leaf_gradient(node, grads)
+    return None
+
+
+def _leaf_gradient(node, grads):
+    """The gradient Tensor of a recipe's Tensor node (None: it has none)."""
+    g = grads.get(id(node[1]))
+    return None if g is None else Tensor._make(g, node[1]._device)
 
 
 def _mirror(x, grads):

@@ -49,10 +49,9 @@ CUDA graph's memory pool does): about one step's activations and gradients.
 """
 import warnings
 
-from . import recording
+from . import functor, recording
 from .constructors import next_seed
 from .functor import children, is_layer, leaves
-from .layers import base
 from .matmul_precision import get_matmul_precision
 from .modes import all_or_nothing
 from .tensor import Tensor
@@ -322,7 +321,7 @@ class _Replay:
         layers, self.containers = _layers_and_containers(watched)
         self.modes = [(layer, layer.active) for layer in layers if "active" in vars(layer)]
         self.leaf_ids = set(map(id, arrays))
-        self.writes = base.ATTRIBUTE_WRITES
+        self.writes = functor.ATTRIBUTE_WRITES
         self.precision = get_matmul_precision()
 
     def guards_hold(self):
@@ -339,11 +338,11 @@ class _Replay:
         for container, items in self.containers:
             if len(container) != len(items) or any(a is not b for a, b in zip(_items(container), items)):
                 return False
-        if base.ATTRIBUTE_WRITES != self.writes:   # some layer's attribute was set: a new array, a mode?
+        if functor.ATTRIBUTE_WRITES != self.writes:   # some layer's attribute was set: a new array, a mode?
             if (any(layer.active != active for layer, active in self.modes)
                     or {id(t) for t in leaves(self.watched)} != self.leaf_ids):
                 return False
-            self.writes = base.ATTRIBUTE_WRITES
+            self.writes = functor.ATTRIBUTE_WRITES
         return True
 
     def replay(self, step, batch, index):

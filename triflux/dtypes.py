@@ -75,6 +75,19 @@ def is_floating(d):
     return d.kind == "f" or d.kind == "V" and d.name == "bfloat16"
 
 
+_FLOATING = {}
+
+
+def holds_floats(storage_dtype):
+    """:func:`is_floating` of a storage's dtype (NumPy's or torch's: a Tensor's
+    ``_data.dtype``), remembered per dtype: a training step asks it of every
+    parameter."""
+    found = _FLOATING.get(storage_dtype)
+    if found is None:
+        found = _FLOATING[storage_dtype] = is_floating(storage_dtype)
+    return found
+
+
 def is_bfloat16(d):
     return d.kind == "V" and d.name == "bfloat16"
 

@@ -13,6 +13,10 @@ import numpy as np
 from .errors import StructureError
 from .tensor import Tensor
 
+#: attributes set or deleted on any layer so far (``Layer`` counts them): a walk
+#: remembered since (``triflux.skeleton``, a captured step's guards) may be out of date
+ATTRIBUTE_WRITES = 0
+
 
 def is_layer(x):
     """Whether ``x`` is a layer (its class defines ``_children``)."""

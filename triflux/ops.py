@@ -8,6 +8,7 @@ these functions ``Tensor``'s operators and methods (``a + b`` is
 ``add(a, b)``). Nothing else in triflux calls NumPy or Triton to compute.
 """
 import builtins
+import math
 import operator
 
 import numpy as np
@@ -243,17 +244,17 @@ def reshape(x, shape):
     entry may be -1: ``reshape(x, (n, -1))``."""
     x = as_tensor(x)
     shape = shape_arg(shape, "`reshape`")
-    n = x.size
+    n = math.prod(x._data.shape)
     if shape.count(-1) > 1:
         raise ShapeError(f"`reshape`: at most one -1 in the new shape, got {shape}")
     if -1 in shape:
-        known = int(np.prod([s for s in shape if s != -1]))
+        known = math.prod([s for s in shape if s != -1])
         if known == 0 or n % known:
             raise ShapeError(f"`reshape`: cannot reshape a tensor of shape {x.shape} ({n} elements) into {shape}")
         shape = tuple(n // known if s == -1 else s for s in shape)
-    if int(np.prod(shape)) != n:
+    if math.prod(shape) != n:
         raise ShapeError(f"`reshape`: cannot reshape a tensor of shape {x.shape} ({n} elements) into {shape}")
-    if shape == x.shape:
+    if shape == x._data.shape:
         return x
     return apply(_P["reshape"], (x,), {"shape": shape}, "reshape")
 
@@ -390,7 +391,7 @@ def batchnorm(x, gamma, beta, mean=None, var=None, eps=1e-5, *, running=None, mo
     if running and moved is not None:
         running += tuple(moved)
     per_channel = ((gamma, beta) if mean is None else (gamma, beta, mean, var)) + running
-    spec = batchnorm_spec(x.shape, tuple(v.shape for v in per_channel), x.dtype, eps, activation)
+    spec = batchnorm_spec(x._data.shape, tuple([v._data.shape for v in per_channel]), x._data.dtype, eps, activation)
     attrs = {"eps": spec.eps}
     if spec.activation != "identity":
         attrs["activation"] = spec.activation

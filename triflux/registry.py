@@ -16,11 +16,12 @@ To add a primitive ``<name>`` of family ``<family>``, write:
    generic tolerance floors miss a cancellation, ``<name>_magnitude(direction,
    *, inputs, attrs, out=None, grad=None, reference=None)``;
 5. the user-facing function (``triflux/ops.py``, or ``triflux/spatial.py`` for
-   the spatial families) or layer (``triflux/layers/``), only when there is
-   one. A new layer class also needs its constructor arguments in
-   ``triflux/model_file.py``'s ``CONSTRUCTOR_ARGUMENTS`` (so model files
-   rebuild it) and, where torch has the module, a ``Conversion`` in
-   ``triflux/interop.py``'s ``CONVERSIONS``.
+   the spatial families and ``triflux/normalisation.py`` for the per-sample
+   normalisations, which ``ops`` re-exports) or layer (``triflux/layers/``),
+   only when there is one. A new layer class also needs its constructor
+   arguments in ``triflux/model_file.py``'s ``CONSTRUCTOR_ARGUMENTS`` (so model
+   files rebuild it) and, where torch has the module, a ``Conversion`` in
+   ``triflux/interop/table.py``'s ``CONVERSIONS``.
 
 tests/test_registry.py checks 1-4 and says what is missing where (the flops
 declaration included); tests/test_model_file.py checks 5's model-file entry;
@@ -111,6 +112,9 @@ class Primitive:
 
     def _find(self, package, suffix, required=True):
         key = (package, suffix)
+        found = self._found.get(key)
+        if found is not None:
+            return found
         if key not in self._found:
             module = importlib.import_module(f"triflux.{package}.{self.family}")
             fn = getattr(module, f"{self.name}_{suffix}", None)

@@ -81,7 +81,12 @@ def _spatial_input(name, x, rank=None, *, floating=True):
 def _conv_attrs(name, rank, stride, padding, dilation, groups):
     """A convolution's attributes for ``rank`` spatial axes, checked: strides
     and dilations positive, padding non-negative, groups positive."""
-    who = f"`{name}`"
+    return conv_attrs(f"`{name}`", rank, stride, padding, dilation, groups)
+
+
+def conv_attrs(who, rank, stride, padding, dilation, groups):
+    """The attributes of a convolution of ``rank`` spatial axes, checked and
+    normalised (errors name ``who``): the conv functions' and Conv's."""
     return {"stride": ntuple_arg(stride, rank, who, "stride"),
             "padding": spatial_pad_arg(padding, rank, who, "padding"),
             "dilation": ntuple_arg(dilation, rank, who, "dilation"), "groups": int_arg(groups, who, "groups")}
@@ -116,8 +121,16 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups=1, pad=None):
 
     Math: reference/conv.py ``conv_forward``; output size: triflux/specs/conv.py."""
     x, w, attrs = _conv("conv", x, w, None, stride, _padding("conv", padding, pad), dilation, groups)
-    conv_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
-    return apply(_P["conv"], (x, w), attrs, "conv")
+    return run_conv(x, w, attrs, "conv")
+
+
+def run_conv(x, w, attrs, name="conv", device=None):
+    """The conv primitive on operands checked where they met (Tensors of one
+    dtype; on the one ``device``, or checked here when None) with checked
+    ``attrs``: the spec checks the geometry, then it runs. The conv functions
+    end here, and so do layers after fitting their input to their weight."""
+    conv_spec(x._data.shape, w._data.shape, x.dtype, w.dtype, **attrs)
+    return apply(_P["conv"], (x, w), attrs, name, device=device)
 
 
 def _conv_bias_act(name, x, w, b, rank, stride, padding, dilation, groups, activation):
@@ -128,8 +141,13 @@ def _conv_bias_act(name, x, w, b, rank, stride, padding, dilation, groups, activ
         x, b = _promote(x, b)
         w = cast(w, x.dtype)
     attrs["activation"] = activation
-    conv_bias_act_spec(x.shape, w.shape, b.shape, x.dtype, w.dtype, b.dtype, **attrs)
-    return apply(_P["conv_bias_act"], (x, w, b), attrs, name)
+    return run_conv_bias_act(x, w, b, attrs, name)
+
+
+def run_conv_bias_act(x, w, b, attrs, name="conv_bias_act", device=None):
+    """The conv_bias_act primitive on checked operands (as :func:`run_conv`)."""
+    conv_bias_act_spec(x._data.shape, w._data.shape, b._data.shape, x.dtype, w.dtype, b.dtype, **attrs)
+    return apply(_P["conv_bias_act"], (x, w, b), attrs, name, device=device)
 
 
 def conv_bias_act(x, w, b, *, stride=1, padding=0, dilation=1, groups=1, activation="identity"):
@@ -143,8 +161,13 @@ def conv_bias_act(x, w, b, *, stride=1, padding=0, dilation=1, groups=1, activat
 def _conv_transpose(name, x, w, rank, stride, padding, output_padding, dilation, groups):
     x, w, attrs = _conv(name, x, w, rank, stride, padding, dilation, groups)
     attrs["output_padding"] = ntuple_arg(output_padding, w.ndim - 2, f"`{name}`", "output_padding", low=0)
-    conv_transpose_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
-    return apply(_P["conv_transpose"], (x, w), attrs, name)
+    return run_conv_transpose(x, w, attrs, name)
+
+
+def run_conv_transpose(x, w, attrs, name="conv_transpose", device=None):
+    """The conv_transpose primitive on checked operands (as :func:`run_conv`)."""
+    conv_transpose_spec(x._data.shape, w._data.shape, x.dtype, w.dtype, **attrs)
+    return apply(_P["conv_transpose"], (x, w), attrs, name, device=device)
 
 
 def conv_transpose(x, w, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1, pad=None):
@@ -163,8 +186,7 @@ def conv2d(x, w, *, stride=1, padding=0, dilation=1, groups=1):
     ``F.conv2d``; ``padding`` an int, (h, w) or (top, bottom, left, right).
     ``conv2d(x, w, padding=1)`` keeps H and W for a 3x3 ``w``."""
     x, w, attrs = _conv("conv2d", x, w, 2, stride, padding, dilation, groups)
-    conv_spec(x.shape, w.shape, x.dtype, w.dtype, **attrs)
-    return apply(_P["conv"], (x, w), attrs, "conv2d")
+    return run_conv(x, w, attrs, "conv2d")
 
 
 def conv2d_bias_act(x, w, b, *, stride=1, padding=0, dilation=1, groups=1, activation="identity"):
@@ -201,10 +223,18 @@ def _pool(name, primitive, x, window, stride, padding, rank, **extra):
         extra["dilation"] = ntuple_arg(extra["dilation"], rank, who, "dilation")
     attrs.update(extra)
     count_include_pad = attrs.pop("count_include_pad", None)
-    pool_spec(primitive, x.shape, x.dtype, **attrs)
+    pool_spec(primitive, x._data.shape, x.dtype, **attrs)
     if count_include_pad is not None:
         attrs["count_include_pad"] = count_include_pad
-    return apply(_P[primitive], (x,), attrs, name)
+    return run_pool(primitive, x, attrs, name)
+
+
+def run_pool(primitive, x, attrs, name):
+    """The pooling ``primitive`` on the floating Tensor ``x`` with ``attrs``
+    whose windows its spec checked (``pool_spec``; a pooling layer builds it
+    itself, to name the layer in the error): the last step of the pooling
+    functions and layers."""
+    return apply(_P[primitive], (x,), attrs, name, device=x._device)
 
 
 def maxpool(x, window, stride=None, padding=0, dilation=1, ceil_mode=False, *, pad=None):

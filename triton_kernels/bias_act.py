@@ -20,6 +20,7 @@ import triton.language as tl
 
 from . import copy, launch, numerics
 from .numerics import ACT_IDENTITY, ACT_RELU, store_value
+from ..gpus import SATURATING_WARPS
 
 
 @triton.jit
@@ -81,14 +82,36 @@ def _sum_splits_kernel(partial_sums, total, num_splits, size, COMPUTE_TYPE: tl.c
     tl.store(total + column, store_value(tl.sum(acc, axis=0), total.dtype.element_ty, INTERP), mask=column_mask)
 
 
+#: columns a _sum_splits_kernel program adds up on a GPU (a 16 x 64 float32 tile: 16-byte loads
+#: along its rows), down to _SUM_SPLITS_FEWEST_COLUMNS for sums of few columns (a split weight
+#: gradient of a few thousand entries), so that these still spread over as many of the 4-warp
+#: programs as the GPU runs at full rate (SATURATING_WARPS / 4 per SM)
+_SUM_SPLITS_COLUMNS = 64
+_SUM_SPLITS_FEWEST_COLUMNS = 16
+_SUM_SPLITS_WARPS = 4             # Triton's default, which the launch takes
+
+
+def _sum_splits_columns(size, sms):
+    """BLOCK_SIZE_COLUMNS of a sum of ``size`` columns on a GPU of ``sms`` SMs (see _SUM_SPLITS_COLUMNS)."""
+    if launch.INTERPRET:
+        return _SUM_SPLITS_COLUMNS
+    block = launch.next_pow2(launch.cdiv(max(size, 1), sms * (SATURATING_WARPS // _SUM_SPLITS_WARPS)))
+    return max(_SUM_SPLITS_FEWEST_COLUMNS, min(_SUM_SPLITS_COLUMNS, block))
+
+
+def sum_splits_programs(size, sms):
+    """Programs of the sum_splits launch of ``size`` columns on a GPU of ``sms`` SMs."""
+    return launch.cdiv(size, _sum_splits_columns(size, sms))
+
+
 def sum_splits(partial_sums, total):
     """total[k] = sum_s partial_sums[s, k] by _sum_splits_kernel (both dense;
     summed in the partial sums' type, rounded once to total's dtype)."""
     num_splits, size = partial_sums.shape
-    block = 64
+    block = _sum_splits_columns(size, launch.sm_count(partial_sums.device.index))
     launch.launch(_sum_splits_kernel, (launch.cdiv(size, block),), partial_sums, total, num_splits, size,
                   COMPUTE_TYPE=numerics.compute_type(partial_sums.dtype), INTERP=launch.INTERPRET,
-                  BLOCK_SIZE_SPLITS=16, BLOCK_SIZE_COLUMNS=block)
+                  BLOCK_SIZE_SPLITS=16, BLOCK_SIZE_COLUMNS=block)   # (Triton's default 4 warps)
     return total
 
 

@@ -20,15 +20,24 @@ Two kernels do everything:
   input gradient and conv_transpose's forward. Its programs then take the
   output positions one phase (each position modulo the stride) at a time,
   for which each tap divides for all positions or for none: a tap that never
-  divides is skipped, not masked.
+  divides is skipped, not masked. A launch of few positions and many reduced
+  channels (a UNet's deepest levels) splits the channels into ranges (split-K,
+  ``SPLIT``): each program sums one range into a float32 (float64) partial
+  output, and ``bias_act.sum_splits`` adds them in a second pass.
 * ``_weight_grad_kernel``: conv's weight gradient, a tile of output
   channels x (c', a, i, j) weight entries of one group reduced over the
   N x Do x Ho x Wo output positions, BLOCK_SIZE_PIXELS at a time. When the
-  tiles are fewer than the GPU has room for, the positions are split
+  tiles do not fill whole rounds of the GPU, the positions are split
   (split-K): each program sums one range of them into a float32 (float64)
   partial weight gradient, and ``bias_act.sum_splits`` adds the partial sums
   in a second pass, rounding once to the weight's dtype (no atomics: the
   result is the same on every run).
+
+How many splits, for either kernel: the count whose predicted time, launch
+and sum pass together, is least by the kernel report's model
+(``_split_time``: the rounds of the GPU the grid takes, each as long as a
+program's share, against the bytes the partial sums add), and only where that
+saves ``_MIN_SPLIT_SAVING_US`` (``_fastest_split``).
 
 conv_bias_act is the forward kernel with ``HAS_BIAS`` and an ``ACTIVATION``
 (numerics.ACT_IDENTITY, ACT_RELU, ACT_SIGMOID, ACT_TANH) applied to the
@@ -54,9 +63,9 @@ Position indices are int32 where they fit (int64 beyond), so the per-position
 per pixel and a part per channel or weight entry. The GPU tiles are chosen per
 dot kind so that no specialization spills registers (``_GATHER_TILES``,
 ``_WEIGHT_GRAD_TILES``, ``FEW_OUT_CHANNELS``); with ``set_autotune(True)`` the gather kernel's
-tile is measured on a real GPU instead (``triton_kernels.tuning``). A faster
-version would need: the weight gradient's tiles and splits tuned per GPU,
-channels-last layouts, and pipelined 16-bit operand loads.
+tile is measured on a real GPU instead (``triton_kernels.tuning``; it does not
+split). A faster version would need: the weight gradient's tiles tuned per GPU,
+channels-last layouts (16-byte operand loads), and pipelined 16-bit operand loads.
 """
 import math
 from functools import lru_cache
@@ -66,10 +75,13 @@ import triton
 import triton.language as tl
 
 from . import copy, launch, numerics, tuning
-from .bias_act import act_grad_and_bias_grad, sum_splits
-from .numerics import ACT_IDENTITY, ACTIVATION_CODES, DOT_FP64, DOT_NATIVE, dot, dot_kind, store_value
+from .bias_act import act_grad_and_bias_grad, sum_splits, sum_splits_programs
+from .numerics import (ACT_IDENTITY, ACTIVATION_CODES, DOT_FP64, DOT_NATIVE, DOT_TF32, dot, dot_kind,
+                       store_value)
 from ..autotuning import get_autotune
+from ..matmul_precision import get_matmul_precision
 from ..errors import DTypeError
+from ..gpus import ASSUMED_GPU, GPUS
 from ..specs.conv import conv_bias_act_spec, conv_spec, conv_transpose_spec
 
 @triton.jit
@@ -124,12 +136,12 @@ def _gather_conv_kernel(x, w, y, bias, bias_stride,
                         w_depth_stride, w_height_stride, w_width_stride,
                         y_batch_stride, y_channel_stride, y_depth_stride, y_height_stride, y_width_stride,
                         stride_depth, stride_height, stride_width, pad_front, pad_top, pad_left,
-                        dilation_depth, dilation_height, dilation_width,
+                        dilation_depth, dilation_height, dilation_width, num_splits, split_channels, y_split_stride,
                         KERNEL_DEPTH: tl.constexpr, KERNEL_HEIGHT: tl.constexpr, KERNEL_WIDTH: tl.constexpr,
                         DEPTH: tl.constexpr, TRANSPOSED: tl.constexpr, PIXEL_INDEX_TYPE: tl.constexpr,
                         BLOCK_SIZE_PIXELS: tl.constexpr, BLOCK_SIZE_CHANNELS: tl.constexpr,
                         BLOCK_SIZE_REDUCTION: tl.constexpr, DOT: tl.constexpr, INTERP: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+                        HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, SPLIT: tl.constexpr):
     """y[n, g*Cout + c, r, p, q] = act(sum_{k < K, a, i, j} x[n, g*K + k, e, h, v] * w(g, c, k, a, i, j) + bias[g*Cout + c])
 
     the canonical 3-D geometry of every rank (a 1-D or 2-D conv has size-1
@@ -151,12 +163,28 @@ def _gather_conv_kernel(x, w, y, bias, bias_stride,
     axis 0. A TRANSPOSED conv gets the strides as phases: within a phase the
     divisibility of each tap is the same for every position, taps that never
     divide are skipped, and h = p' + (phase_row + pad_top - i*dilation_height) / stride_height.
+
+    Split-K (SPLIT, no bias or activation): program axis 2 is (g*phases + phase)*num_splits
+    + s, split s sums the reduced channels k in [s*split_channels, (s+1)*split_channels) only, and
+    writes its partial sum (y's type, float32 or float64) at y + s*y_split_stride; a second pass
+    adds the splits up. A launch of few output positions (a UNet's deepest levels) gets its
+    programs this way.
     """
     pid_pixels = tl.program_id(0)
     pid_channels = tl.program_id(1)
     phases = phase_depths * phase_rows * phase_cols
-    group = (tl.program_id(2) // phases).to(tl.int64)
-    phase = tl.program_id(2) % phases
+    if SPLIT:
+        split = tl.program_id(2) % num_splits
+        group_phase = tl.program_id(2) // num_splits
+        k_lo = split * split_channels                       # this split's reduced channels [k_lo, k_hi)
+        k_hi = tl.minimum(k_lo + split_channels, reduce_channels)
+        y += split.to(tl.int64) * y_split_stride
+    else:
+        group_phase = tl.program_id(2)
+        k_lo = 0
+        k_hi = reduce_channels
+    group = (group_phase // phases).to(tl.int64)
+    phase = group_phase % phases
     phase_col = phase % phase_cols
     if DEPTH:
         phase_row = (phase // phase_cols) % phase_rows
@@ -201,13 +229,13 @@ def _gather_conv_kernel(x, w, y, bias, bias_stride,
                 depths_back = phase_depth + pad_front - a * dilation_depth
                 divides = divides & (depths_back % stride_depth == 0)
                 e = r_sub + depths_back // stride_depth
-            reduce_end = tl.where(divides, reduce_channels, 0)   # a tap no position of the phase reaches: no loop
+            reduce_end = tl.where(divides, k_hi, k_lo)   # a tap no position of the phase reaches: no loop
         else:
             h = p * stride_height - pad_top + i * dilation_height
             v = q * stride_width - pad_left + j * dilation_width
             if DEPTH:
                 e = r * stride_depth - pad_front + a * dilation_depth
-            reduce_end = reduce_channels
+            reduce_end = k_hi
         ok = (h >= 0) & (h < in_height) & (v >= 0) & (v < in_width) & pixel_mask
         x_pixel = x_image + h.to(tl.int64) * x_height_stride + v.to(tl.int64) * x_width_stride
         w_tap = w_channel + i * w_height_stride + j * w_width_stride
@@ -215,9 +243,9 @@ def _gather_conv_kernel(x, w, y, bias, bias_stride,
             ok = ok & (e >= 0) & (e < in_depth)
             x_pixel += e.to(tl.int64) * x_depth_stride
             w_tap += a * w_depth_stride
-        for k0 in range(0, reduce_end, BLOCK_SIZE_REDUCTION):
+        for k0 in range(k_lo, reduce_end, BLOCK_SIZE_REDUCTION):
             k = k0 + tl.arange(0, BLOCK_SIZE_REDUCTION)
-            k_mask = k < reduce_channels
+            k_mask = k < k_hi
             lhs = tl.load(x_pixel[:, None] + k[None, :].to(tl.int64) * x_channel_stride,
                           mask=ok[:, None] & k_mask[None, :], other=0.0)
             rhs = tl.load(w_tap[None, :] + k[:, None] * w_reduce_channel_stride,
@@ -319,16 +347,34 @@ def _weight_grad_kernel(x, g, dw, in_depth, in_height, in_width, out_depth, out_
 PROGRAMS_PER_SM = 2
 #: the fewest pixels one split of a weight gradient sums
 MIN_PIXELS_PER_SPLIT = 32
+#: the most registers per thread a conv tile below takes on sm_90 (``python -m triflux kernels``;
+#: a few 8-warp float32 and bias-and-activation tiles take more), for the wave model: 8-warp
+#: programs run two to an SM, 4-warp ones four
+_GPU_REGISTERS = 128
+#: the fixed cost of a launch (µs; the kernel report's ``LAUNCH_LATENCY_US``): the least a
+#: split's second pass (``sum_splits``) adds
+_LAUNCH_US = 2.0
+#: grids of more rounds of the GPU than this are not split further (a split's plan is cached:
+#: the candidates are tried once per shape)
+_MAX_ROUNDS = 16
+#: the least predicted time (µs) a split must save to be taken: its second launch also costs
+#: the host a launch (several µs in an eager step), which the device time does not show
+_MIN_SPLIT_SAVING_US = 4.0
 
 # GPU tiles by dot kind, ((block sizes), num_warps, num_stages): among the tiles that compile
 # without a register spill for sm_90 and for sm_80 (every specialization of the UNet training
 # steps, float32, 16-bit and float64), those with the most multiply-adds per instruction in the
 # hot loop. The entry None: float32 (FFMA, also mixed 16-bit/float32 operands, and TF32).
 #: _gather_conv_kernel: (BLOCK_SIZE_PIXELS, BLOCK_SIZE_CHANNELS, BLOCK_SIZE_REDUCTION), the
-#: first tile that makes _target_programs programs, else the last (smaller) one
+#: first tile that makes _target_programs programs, else the last (smaller) one, unless another
+#: is much faster split (_gather_gpu_plan)
 _GATHER_TILES = {DOT_NATIVE.value: [((128, 64, 32), 8, 3), ((64, 32, 32), 4, 3)],
                  DOT_FP64.value: [((32, 16, 16), 8, 2)],
                  None: [((64, 64, 16), 8, 1), ((64, 32, 16), 8, 1)]}
+#: the register cap of a split float32 (FFMA) gather: left to itself, ptxas held the split
+#: 64 x 32 tile to 64 registers and spilled 8 bytes on sm_90 (the 3-D UNet's deepest levels);
+#: capped at 128 it takes 94 and spills nothing (two 8-warp programs to an SM, as at 64 to 128)
+FFMA_SPLIT_REGISTERS = 128
 # Whether a gather launch takes the last (smaller) FFMA tile whatever its programs: the
 # transposed gathers of 1-D convs in float32 (64 x 64 spilled 4 bytes on sm_90 for a
 # stride-2 ConvTranspose with 2 taps; 64 x 32 does not).
@@ -374,6 +420,38 @@ def _gather_gpu_tile(kind, num_pixels, channels, grid_z, target_programs, last_o
     return tile
 
 
+#: a gather takes another tile than the one of ``_gather_gpu_tile`` only when that is predicted
+#: faster by more than this factor (those tiles are the ones checked for spills launch by launch)
+_OTHER_TILE_GAIN = 1.1
+
+
+@lru_cache(maxsize=4096)
+def _gather_gpu_plan(kind, num_pixels, channels, reduce_channels, grid_z, splittable, last_only, sms, flops,
+                     in_bytes, out_values, out_itemsize):
+    """(tile, splits, reduced channels per split) of _gather_conv_kernel on a GPU of ``sms`` SMs
+    for ``num_pixels`` positions (of the largest phase) x ``channels`` output channels x
+    ``grid_z`` groups and phases: for each tile of ``_GATHER_TILES`` (the last only with
+    ``last_only``: see ``_smaller_gather_tile``), the fewest splits of the reduced channels, in
+    blocks of BLOCK_SIZE_REDUCTION, within 2% of its least predicted time (:func:`_fastest_split`;
+    one split unless ``splittable``); then the tile :func:`_gather_gpu_tile` picks by its
+    programs, unless another is faster by more than _OTHER_TILE_GAIN. A launch of few positions
+    and many channels (a UNet's deepest levels) gets its programs from the splits."""
+    tiles = _GATHER_TILES.get(kind, _GATHER_TILES[None])
+    options = {}
+    for tile in tiles[-1:] if last_only else tiles:
+        (bp, bc, bk), warps, _ = tile
+        rows = launch.cdiv(num_pixels, bp) * launch.cdiv(channels, bc) * grid_z
+        units = max(1, launch.cdiv(reduce_channels, bk))
+        time, splits, per_split = _fastest_split(rows, units, units if splittable else 1, warps, sms, flops, kind,
+                                                 in_bytes, out_values, out_itemsize)
+        options[tile] = (time, splits, per_split * bk if splits > 1 else reduce_channels)
+    tile = _gather_gpu_tile(kind, num_pixels, channels, grid_z, PROGRAMS_PER_SM * sms, last_only)
+    fastest = min(options, key=lambda t: options[t][0])
+    if options[fastest][0] * _OTHER_TILE_GAIN < options[tile][0]:
+        tile = fastest
+    return (tile,) + options[tile][1:]
+
+
 #: the constexprs a gather-conv tile sets
 GATHER_TUNED_NAMES = ("BLOCK_SIZE_PIXELS", "BLOCK_SIZE_CHANNELS", "BLOCK_SIZE_REDUCTION")
 
@@ -405,9 +483,46 @@ def _lift(values, fill):
 
 def _geometry(spec):
     """The canonical 3-D geometry of ``spec`` (any rank): kernel, stride, padding
-    before each axis, dilation (3-tuples), and DEPTH (whether the depth axis is real)."""
-    return (_lift(spec.kernel_size, 1), _lift(spec.stride, 1), _lift(spec.padding_lo, 0), _lift(spec.dilation, 1),
-            spec.rank == 3)
+    before each axis, dilation (3-tuples), and DEPTH (whether the depth axis is real);
+    the spec derives it once."""
+    return spec.geometry3
+
+
+def _layout(t):
+    """What a host plan reads of a tensor: its shape, strides and dtype (hashable)."""
+    return t.shape, t.stride(), t.dtype
+
+
+def _dense_strides(shape):
+    """The strides of a dense row-major tensor of ``shape``."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _choosers():
+    """What a host plan is made from besides the tensors and the spec: the
+    interpreter and autotuning flags, the float32 matmul precision (the dot
+    kind), and the functions that choose tiles, splits and grids. A plan is
+    cached on them too, so changing one (``set_matmul_precision``, a test
+    forcing splits, the kernel report modelling another GPU's SMs) takes
+    effect at the next launch."""
+    return (launch.INTERPRET, get_autotune(), get_matmul_precision(), launch.sm_count, _interpreter_tiles,
+            _gather_gpu_tile, _gather_gpu_plan, _smaller_gather_tile, _pixel_index_type, _weight_grad_gpu_tile,
+            _weight_grad_splits, _target_programs)
+
+
+class _Launch:
+    """A host plan: the grid, the arguments after the tensors, the constexprs
+    and options, and the partial sums a split launch needs (``splits``
+    copies of the output, float32 or float64), decided once per layout."""
+    __slots__ = ("grid", "scalars", "meta", "splits", "partials_shape", "partials_dtype", "tuned")
+
+    def __init__(self, grid, scalars, meta, splits=1, partials_shape=None, partials_dtype=None, tuned=None):
+        self.grid, self.scalars, self.meta, self.splits = grid, scalars, meta, splits
+        self.partials_shape, self.partials_dtype, self.tuned = partials_shape, partials_dtype, tuned
 
 
 def _gather_conv(x, w, y, spec, reduce_channels, out_channels_per_group, w_strides, transposed,
@@ -415,43 +530,94 @@ def _gather_conv(x, w, y, spec, reduce_channels, out_channels_per_group, w_strid
     """y from x by _gather_conv_kernel with the spec's attributes (any rank, as
     rank 3); ``w_strides`` (group, output channel, reduced channel) say how
     the kernel reads w. A transposed conv runs its output positions by phase
-    (each position modulo the stride)."""
-    N = x.shape[0]
-    D, H, W = _lift(x.shape[2:], 1)
-    DO, HO, WO = _lift(y.shape[2:], 1)
-    if N * DO * HO * WO == 0 or out_channels_per_group == 0:
+    (each position modulo the stride). The launch is planned once per layout
+    of the tensors (:func:`_gather_plan`)."""
+    has_bias = bias is not None
+    plan = _gather_plan(spec, reduce_channels, out_channels_per_group, w_strides, transposed,
+                        bias.stride(0) if has_bias else None, activation, _layout(x), _layout(w), _layout(y),
+                        x.get_device(), _choosers())
+    if plan is None:
         return y
+    # with splits, the kernel writes float32 (float64) partial sums, one y per split
+    out = y if plan.splits == 1 else launch.empty(plan.partials_shape, plan.partials_dtype, y.device)
+    args = (x, w, out, bias if has_bias else out) + plan.scalars
+    if plan.tuned is not None:
+        grid, ranked = plan.tuned
+        _tuned_gather().launch(grid, ranked, *args, **plan.meta)
+        return y
+    launch.launch(_gather_conv_kernel, plan.grid, *args, **plan.meta)
+    if plan.splits > 1:
+        sum_splits(out.view(plan.splits, -1), y.view(-1))
+    return y
+
+
+@lru_cache(maxsize=4096)
+def _gather_plan(spec, reduce_channels, out_channels_per_group, w_strides, transposed, bias_stride, activation,
+                 x_layout, w_layout, y_layout, device_index, choosers):
+    """The :class:`_Launch` of :func:`_gather_conv` for tensors of these
+    layouts (None: nothing to launch), as the :func:`_choosers` decide."""
+    tuned = get_autotune() and not launch.INTERPRET
+    (x_shape, x_stride, x_dtype), (w_shape, w_stride, w_dtype), (y_shape, y_stride, y_dtype) = \
+        x_layout, w_layout, y_layout
+    N = x_shape[0]
+    D, H, W = _lift(x_shape[2:], 1)
+    DO, HO, WO = _lift(y_shape[2:], 1)
+    if N * DO * HO * WO == 0 or out_channels_per_group == 0:
+        return None
     (kd, kh, kw), (sd, sh, sw), (pf, pt, pl), (dd, dh, dw), depth = _geometry(spec)
     phase_depths, phase_rows, phase_cols = (sd, sh, sw) if transposed else (1, 1, 1)
     # positions of the largest phase
     NP = N * launch.cdiv(DO, phase_depths) * launch.cdiv(HO, phase_rows) * launch.cdiv(WO, phase_cols)
-    kind = dot_kind(x.dtype, w.dtype)
-    grid_z = spec.groups * phase_depths * phase_rows * phase_cols
+    kind = dot_kind(x_dtype, w_dtype)
+    phases = phase_depths * phase_rows * phase_cols
+    grid_z = spec.groups * phases
+    has_bias = bias_stride is not None
+    splits, split_channels = 1, reduce_channels
+    device = None if device_index < 0 else device_index
     if launch.INTERPRET:
-        (bp, bc, bk), options = _interpreter_tiles(NP, out_channels_per_group, reduce_channels, x.dtype), {}
+        (bp, bc, bk), options = _interpreter_tiles(NP, out_channels_per_group, reduce_channels, x_dtype), {}
     else:
-        tile = _gather_gpu_tile(kind, NP, out_channels_per_group, grid_z, _target_programs(x.device),
-                                last_only=_smaller_gather_tile(kind, spec.rank, transposed))
+        last_only = _smaller_gather_tile(kind, spec.rank, transposed)
+        if tuned:
+            tile = _gather_gpu_tile(kind, NP, out_channels_per_group, grid_z,
+                                    _target_programs(torch.device("cuda", device or 0)), last_only)
+        else:
+            # split-K only where the epilogue is a plain store into a dense y (sum_splits adds the splits)
+            splittable = not has_bias and activation == ACT_IDENTITY.value and y_stride == _dense_strides(y_shape)
+            # (a transposed conv's position takes one tap in ``phases`` on average)
+            flops = 2.0 * N * DO * HO * WO * spec.groups * out_channels_per_group * reduce_channels * kd * kh * kw
+            tile, splits, split_channels = _gather_gpu_plan(
+                kind, NP, out_channels_per_group, reduce_channels, grid_z, splittable, last_only,
+                launch.sm_count(device), flops / phases,
+                math.prod(x_shape) * x_dtype.itemsize + math.prod(w_shape) * w_dtype.itemsize, math.prod(y_shape),
+                y_dtype.itemsize)
         (bp, bc, bk), options = tile[0], dict(num_warps=tile[1], num_stages=tile[2])
-    has_bias = bias is not None
-    args = (x, w, y, bias if has_bias else y, bias.stride(0) if has_bias else 0,
-            D, H, W, DO, HO, WO, N, reduce_channels, out_channels_per_group, phase_depths, phase_rows, phase_cols,
-            *x.stride()[:2], *_lift(x.stride()[2:], 0), *w_strides, *_lift(w.stride()[2:], 0),
-            *y.stride()[:2], *_lift(y.stride()[2:], 0), sd, sh, sw, pf, pt, pl, dd, dh, dw)
+        if splits > 1 and kind not in _GATHER_TILES:
+            options["maxnreg"] = FFMA_SPLIT_REGISTERS
+    partials_shape = partials_dtype = None
+    if splits == 1:
+        out_strides = (0,) + tuple(y_stride)
+    else:
+        partials_shape = (splits,) + tuple(y_shape)
+        partials_dtype = torch.float64 if kind == DOT_FP64.value else torch.float32
+        out_strides = _dense_strides(partials_shape)
+    scalars = (0 if bias_stride is None else bias_stride,
+               D, H, W, DO, HO, WO, N, reduce_channels, out_channels_per_group, phase_depths, phase_rows, phase_cols,
+               *x_stride[:2], *_lift(x_stride[2:], 0), *w_strides, *_lift(w_stride[2:], 0),
+               *out_strides[1:3], *_lift(out_strides[3:], 0), sd, sh, sw, pf, pt, pl, dd, dh, dw,
+               splits, split_channels, out_strides[0])
     meta = dict(KERNEL_DEPTH=kd, KERNEL_HEIGHT=kh, KERNEL_WIDTH=kw, DEPTH=depth, TRANSPOSED=transposed, DOT=kind,
-                INTERP=launch.INTERPRET, HAS_BIAS=has_bias, ACTIVATION=activation)
-    if get_autotune() and not launch.INTERPRET:
+                INTERP=launch.INTERPRET, HAS_BIAS=has_bias, ACTIVATION=activation, SPLIT=splits > 1)
+    if tuned:
         tiles = _GATHER_TILES.get(kind, _GATHER_TILES[None])
-        _tuned_gather().launch(
-            lambda t: (launch.cdiv(NP, t["BLOCK_SIZE_PIXELS"]), launch.cdiv(out_channels_per_group,
-                                                                             t["BLOCK_SIZE_CHANNELS"]), grid_z),
-            tuning.ranked(tiles, tile), *args,
-            PIXEL_INDEX_TYPE=_pixel_index_type(NP, max(t[0][0] for t in tiles)), **meta)
-        return y
-    grid = (launch.cdiv(NP, bp), launch.cdiv(out_channels_per_group, bc), grid_z)
-    launch.launch(_gather_conv_kernel, grid, *args, PIXEL_INDEX_TYPE=_pixel_index_type(NP, bp),
-                  BLOCK_SIZE_PIXELS=bp, BLOCK_SIZE_CHANNELS=bc, BLOCK_SIZE_REDUCTION=bk, **meta, **options)
-    return y
+        meta["PIXEL_INDEX_TYPE"] = _pixel_index_type(NP, max(t[0][0] for t in tiles))
+        grid = (lambda t: (launch.cdiv(NP, t["BLOCK_SIZE_PIXELS"]),
+                           launch.cdiv(out_channels_per_group, t["BLOCK_SIZE_CHANNELS"]), grid_z))
+        return _Launch(None, scalars, meta, tuned=(grid, tuning.ranked(tiles, tile)))
+    meta.update(PIXEL_INDEX_TYPE=_pixel_index_type(NP, bp), BLOCK_SIZE_PIXELS=bp, BLOCK_SIZE_CHANNELS=bc,
+                BLOCK_SIZE_REDUCTION=bk, **options)
+    grid = (launch.cdiv(NP, bp), launch.cdiv(out_channels_per_group, bc), grid_z * splits)
+    return _Launch(grid, scalars, meta, splits, partials_shape, partials_dtype)
 
 
 def _check_floating(x, name):
@@ -478,21 +644,72 @@ def _conv_input_grad(g, w, spec, dtype):
     dx = launch.empty(spec.x_shape, dtype, g.device)
     if dx.numel() == 0:
         return dx
-    if O == 0 or g[0, 0].numel() == 0:
+    if O == 0 or math.prod(g.shape[2:]) == 0:      # (no output position: g[0, 0] is empty)
         return copy.full(spec.x_shape, 0.0, dtype, g.device)
     # output channel c of group g reduces over k < Cout: weight (g, c, k) = w[g*Cout + k, c]
     Cout = spec.out_channels_per_group
     return _gather_conv(g, w, dx, spec, Cout, Cg, (Cout * w.stride(0), w.stride(1), w.stride(0)), transposed=True)
 
 
-def _weight_grad_splits(programs, num_pixels, target_programs):
-    """How many position ranges (splits) a weight gradient of ``programs`` tiles
-    sums separately: enough that the launch has ``target_programs`` programs,
-    each split at least MIN_PIXELS_PER_SPLIT positions; one in the interpreter
-    (which pays per program)."""
-    if launch.INTERPRET or programs >= target_programs:
-        return 1
-    return max(1, min(launch.cdiv(target_programs, programs), num_pixels // MIN_PIXELS_PER_SPLIT))
+def _rates(kind):
+    """(FLOP/s of a dot of ``kind``, bytes/s) of the assumed GPU (``triflux.gpus``): what
+    weighs the bytes a split adds against the rounds it saves (an H200 computes as fast
+    and moves bytes faster, so there a split costs a little less than counted)."""
+    gpu = GPUS[ASSUMED_GPU]
+    peak = {DOT_NATIVE.value: gpu.bf16, DOT_TF32.value: gpu.tf32, DOT_FP64.value: gpu.fp64}.get(kind, gpu.ffma)
+    return peak, gpu.bandwidth
+
+
+def _split_time(rows, units, splits, num_warps, sms, flops, kind, in_bytes, out_values, out_itemsize):
+    """(predicted seconds, splits, units per split) of a launch of ``rows`` programs that each
+    sum ``units`` work units (pixel blocks of a weight gradient, channel blocks of a gather)
+    cut into about ``splits`` ranges (split-K), by the kernel report's model: the launch's
+    time at the full rate, max(flops / peak, bytes / bandwidth), stretched to whole rounds of
+    the GPU (``launch.wave_efficiency``), each as long as a program's units; with several
+    splits the output's bytes are float32 (float64) partial sums, one per split, and the
+    second pass adds a launch and those bytes read again."""
+    peak, bandwidth = _rates(kind)
+    per_split = launch.cdiv(units, splits)
+    splits = launch.cdiv(units, per_split)
+    programs = rows * splits
+    rounds_time = programs / launch.wave_efficiency(programs, num_warps, _GPU_REGISTERS, sms)
+    stretch = rounds_time * per_split / (rows * units)
+    acc_itemsize = 8 if kind == DOT_FP64.value else 4
+    out_bytes = out_values * (out_itemsize if splits == 1 else splits * acc_itemsize)
+    seconds = max(flops / peak, (in_bytes + out_bytes) / bandwidth) * stretch
+    if splits > 1:
+        summed = (out_bytes + out_values * out_itemsize) / bandwidth
+        seconds += _LAUNCH_US * 1e-6 + summed / launch.wave_efficiency(sum_splits_programs(out_values, sms), 4, 32,
+                                                                        sms)
+    return seconds, splits, per_split
+
+
+def _fastest_split(rows, units, max_splits, num_warps, sms, flops, kind, in_bytes, out_values, out_itemsize,
+                   tolerance=1.02):
+    """(predicted seconds, splits, units per split) of the fewest splits whose
+    :func:`_split_time` is within ``tolerance`` of the least (every split adds partial sums to
+    combine), among grids of at most ``_MAX_ROUNDS`` rounds where that allows a split; one split
+    unless that saves _MIN_SPLIT_SAVING_US."""
+    per_round = round(1 / launch.wave_efficiency(1, num_warps, _GPU_REGISTERS, sms))
+    most = max(1, min(max_splits, units, launch.cdiv(_MAX_ROUNDS * per_round, max(rows, 1))))
+    options = {}
+    for splits in range(1, most + 1):
+        time, actual, per_split = _split_time(rows, units, splits, num_warps, sms, flops, kind, in_bytes,
+                                              out_values, out_itemsize)
+        options.setdefault(actual, (time, actual, per_split))
+    best = min(time for time, _, _ in options.values())
+    choice = next(options[s] for s in sorted(options) if options[s][0] <= best * tolerance)
+    return choice if options[1][0] - choice[0] >= _MIN_SPLIT_SAVING_US * 1e-6 else options[1]
+
+
+@lru_cache(maxsize=4096)
+def _weight_grad_splits(rows, num_pixels, block_pixels, num_warps, sms, flops, kind, in_bytes, out_values,
+                        out_itemsize):
+    """How many position ranges (splits) a weight gradient of ``rows`` tiles sums
+    separately on a GPU of ``sms`` SMs: :func:`_fastest_split` over its blocks of
+    ``block_pixels`` positions, each split at least MIN_PIXELS_PER_SPLIT positions."""
+    return _fastest_split(rows, launch.cdiv(num_pixels, block_pixels), num_pixels // MIN_PIXELS_PER_SPLIT,
+                          num_warps, sms, flops, kind, in_bytes, out_values, out_itemsize)[1]
 
 
 def _weight_grad_gpu_tile(kind, out_channels_per_group):
@@ -508,46 +725,63 @@ def _weight_grad_gpu_tile(kind, out_channels_per_group):
 def _conv_weight_grad(x, g, spec, dtype):
     """The spec's conv weight gradient into a new dense tensor of the spec's
     weight shape: _weight_grad_kernel, split over the positions into float32
-    (float64) partial sums and sum_splits when it has few tiles."""
-    O, Cg = spec.w_shape[:2]
-    taps = math.prod(spec.kernel_size)
-    N = x.shape[0]
-    D, H, W = _lift(x.shape[2:], 1)
-    DO, HO, WO = _lift(g.shape[2:], 1)
+    (float64) partial sums and sum_splits when it has few tiles. The launch
+    is planned once per layout of the tensors (:func:`_weight_grad_plan`)."""
     dw = launch.empty(spec.w_shape, dtype, x.device)
     if dw.numel() == 0:
         return dw
+    plan = _weight_grad_plan(spec, _layout(x), _layout(g), dtype, x.get_device(), _choosers())
+    if plan is None:
+        return copy.full(spec.w_shape, 0.0, dtype, x.device)
+    # one split: the kernel writes dw itself (a dense (1, *w_shape) view of the same memory)
+    partial_sums = dw if plan.splits == 1 else launch.empty(plan.partials_shape, plan.partials_dtype, x.device)
+    launch.launch(_weight_grad_kernel, plan.grid, x, g, partial_sums, *plan.scalars, **plan.meta)
+    if plan.splits > 1:
+        sum_splits(partial_sums.view(plan.splits, -1), dw.view(-1))
+    return dw
+
+
+@lru_cache(maxsize=4096)
+def _weight_grad_plan(spec, x_layout, g_layout, dtype, device_index, choosers):
+    """The :class:`_Launch` of :func:`_conv_weight_grad` for tensors of these
+    layouts and a weight gradient of ``dtype`` (None: no output position, a
+    zero gradient), as the :func:`_choosers` decide."""
+    (x_shape, x_stride, x_dtype), (g_shape, g_stride, g_dtype) = x_layout, g_layout
+    O, Cg = spec.w_shape[:2]
+    taps = math.prod(spec.kernel_size)
+    N = x_shape[0]
+    D, H, W = _lift(x_shape[2:], 1)
+    DO, HO, WO = _lift(g_shape[2:], 1)
     NM = N * DO * HO * WO
     if NM == 0:
-        return copy.full(spec.w_shape, 0.0, dtype, x.device)
+        return None
     OG = spec.out_channels_per_group
     Q = Cg * taps
-    kind = dot_kind(x.dtype, g.dtype)
+    kind = dot_kind(x_dtype, g_dtype)
     if launch.INTERPRET:
-        (bo, bq, bm), options = _interpreter_tiles(OG, Q, NM, x.dtype, n_cap=128, k_cap=1024), {}
+        (bo, bq, bm), options = _interpreter_tiles(OG, Q, NM, x_dtype, n_cap=128, k_cap=1024), {}
     else:
         (bo, bq, bm), warps, stages = _weight_grad_gpu_tile(kind, OG)
         options = dict(num_warps=warps, num_stages=stages)
     tiles = (launch.cdiv(OG, bo), launch.cdiv(Q, bq))
-    splits = _weight_grad_splits(tiles[0] * tiles[1] * spec.groups, NM, _target_programs(x.device))
-    if splits == 1:
-        partial_sums = dw.unsqueeze(0)
-    else:
-        acc_dtype = torch.float64 if kind == DOT_FP64.value else torch.float32
-        partial_sums = launch.empty((splits,) + tuple(spec.w_shape), acc_dtype, x.device)
+    splits = 1
+    if not launch.INTERPRET:     # (the interpreter pays per program: one split)
+        in_bytes = math.prod(x_shape) * x_dtype.itemsize + math.prod(g_shape) * g_dtype.itemsize
+        splits = _weight_grad_splits(tiles[0] * tiles[1] * spec.groups, NM, bm, options["num_warps"],
+                                     launch.sm_count(None if device_index < 0 else device_index), 2.0 * O * Q * NM,
+                                     kind, in_bytes, math.prod(spec.w_shape), dtype.itemsize)
+    partials_shape = (splits,) + tuple(spec.w_shape)
+    partials_dtype = dtype if splits == 1 else torch.float64 if kind == DOT_FP64.value else torch.float32
     (kd, kh, kw), (sd, sh, sw), (pf, pt, pl), (dd, dh, dwl), depth = _geometry(spec)
-    ps = partial_sums.stride()
-    launch.launch(_weight_grad_kernel, tiles + (spec.groups * splits,), x, g, partial_sums,
-                  D, H, W, DO, HO, WO, NM, splits, spec.groups, Cg, OG,
-                  *x.stride()[:2], *_lift(x.stride()[2:], 0), *g.stride()[:2], *_lift(g.stride()[2:], 0),
-                  *ps[:3], *_lift(ps[3:], 0), sd, sh, sw, pf, pt, pl, dd, dh, dwl,
-                  KERNEL_DEPTH=kd, KERNEL_HEIGHT=kh, KERNEL_WIDTH=kw, DEPTH=depth,
-                  PIXEL_INDEX_TYPE=_pixel_index_type(NM, bm),
-                  BLOCK_SIZE_CHANNELS=bo, BLOCK_SIZE_ENTRIES=bq, BLOCK_SIZE_PIXELS=bm, DOT=kind,
-                  INTERP=launch.INTERPRET, **options)
-    if splits > 1:
-        sum_splits(partial_sums.view(splits, -1), dw.view(-1))
-    return dw
+    ps = _dense_strides(partials_shape)
+    scalars = (D, H, W, DO, HO, WO, NM, splits, spec.groups, Cg, OG,
+               *x_stride[:2], *_lift(x_stride[2:], 0), *g_stride[:2], *_lift(g_stride[2:], 0),
+               *ps[:3], *_lift(ps[3:], 0), sd, sh, sw, pf, pt, pl, dd, dh, dwl)
+    meta = dict(KERNEL_DEPTH=kd, KERNEL_HEIGHT=kh, KERNEL_WIDTH=kw, DEPTH=depth,
+                PIXEL_INDEX_TYPE=_pixel_index_type(NM, bm),
+                BLOCK_SIZE_CHANNELS=bo, BLOCK_SIZE_ENTRIES=bq, BLOCK_SIZE_PIXELS=bm, DOT=kind,
+                INTERP=launch.INTERPRET, **options)
+    return _Launch(tiles + (spec.groups * splits,), scalars, meta, splits, partials_shape, partials_dtype)
 
 
 def conv_forward(x, w, stride=None, padding=None, dilation=None, groups=1):
@@ -588,7 +822,9 @@ def conv_transpose_backward(grad, out, x, w, stride=None, padding=None, output_p
     elif x.numel() == 0:
         dx = launch.empty(tuple(x.shape), x.dtype, x.device)
     else:
-        dx = copy.contiguous(_conv(grad, w, spec.adjoint)[(slice(None),) * 2 + tuple(slice(0, n) for n in sides)])
+        dx = _conv(grad, w, spec.adjoint)
+        if any(spec.extra):     # positions no input reaches: cut off
+            dx = copy.contiguous(dx[(slice(None),) * 2 + tuple(slice(0, n) for n in sides)])
     if not needs[1]:
         return dx, None
     if any(spec.extra):

@@ -26,10 +26,12 @@ INTERPRET = backend.interpreter_on()
 
 
 @lru_cache(maxsize=None)
+@lru_cache(maxsize=None)
 def sm_count(device_index):
     """SMs of the GPU ``device_index``, for host plans that size a grid to the
     GPU; the assumed GPU's (``triflux.gpus.ASSUMED_GPU``) where none answers
-    (the interpreter records the launches a real GPU would get)."""
+    (the interpreter records the launches a real GPU would get). Asked once
+    per GPU: host plans ask it per launch."""
     if INTERPRET or not torch.cuda.is_available():
         return GPUS[ASSUMED_GPU].sms
     return torch.cuda.get_device_properties(device_index or 0).multi_processor_count

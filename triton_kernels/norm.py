@@ -375,14 +375,14 @@ class _Plan:
     splits: int             #: programs per channel
     num_warps: int          #: warps per program on a GPU
 
-    @property
+    @functools.cached_property
     def tile_args(self):
         """The tile arguments every kernel takes after C, N, S."""
         return self.tiles_s, self.num_tiles, self.tiles_per_program, self.splits
 
-    @property
+    @functools.cached_property
     def meta(self):
-        """The block sizes and warps of a tiled kernel's launch."""
+        """The block sizes and warps of a tiled kernel's launch (read, never changed)."""
         return dict(BLOCK_SIZE_N=self.block_n, BLOCK_SIZE_S=self.block_s, num_warps=self.num_warps)
 
 
@@ -411,12 +411,21 @@ def _plan(spec, interpret, sms):
 
 def _spec(x, per_channel, eps, activation="identity"):
     """The batch-norm spec of the tensor ``x`` and its per-channel vectors."""
-    return batchnorm_spec(x.shape, tuple(v.shape for v in per_channel), x.dtype, eps, activation)
+    return batchnorm_spec(x.shape, tuple([v.shape for v in per_channel]), x.dtype, eps, activation)
 
 
 def _sizes(spec):
     """C, N, S: the channels, samples and positions per sample of a dense (N, C, S) x."""
     return spec.channels, spec.x_shape[0], spec.spatial_size
+
+
+@functools.lru_cache(maxsize=1024)
+def _trailing(spec, interpret, sms):
+    """The arguments every training kernel takes after its tensors and their
+    strides: C, N, S, the tiles of ``_plan(spec, interpret, sms)``, M and eps
+    as a float32 pair; made once per spec and plan."""
+    plan = _plan(spec, interpret, sms)
+    return (*_sizes(spec), *plan.tile_args, spec.values_per_channel, *numerics.float32_pair(spec.eps))
 
 
 def _partial_stats(x, spec, plan, grad=None, out=None, activation=numerics.ACT_IDENTITY.value):
@@ -444,7 +453,8 @@ def _train_forward(x, spec, gamma, beta, running, momentum, normalise, moved=(),
     running_var), their move, in place or into ``moved``. Everything is
     allocated before the launch that writes: a call that runs out of memory
     leaves the running statistics."""
-    plan = _plan(spec, launch.INTERPRET, launch.sm_count(x.get_device()))
+    sms = launch.sm_count(x.get_device())
+    plan = _plan(spec, launch.INTERPRET, sms)
     y = launch.empty(x.shape, x.dtype, x.device) if normalise else None
     if spec.channels == 0 or spec.values_per_channel == 0:
         for source, destination in zip(running, moved):    # nothing moves: the moved ones are the old
@@ -453,18 +463,37 @@ def _train_forward(x, spec, gamma, beta, running, momentum, normalise, moved=(),
     partials = _partial_stats(x, spec, plan)
     running_mean, running_var = running if running else (x, x)
     moved_mean, moved_var = moved or (running_mean, running_var)
-    launch.launch(_batchnorm_train_forward_kernel, (spec.channels, plan.splits if normalise else 1),
+    grid, trailing, meta = _forward_launch(spec, launch.INTERPRET, sms, normalise, bool(running), activation,
+                                           x.dtype)
+    launch.launch(_batchnorm_train_forward_kernel, grid,
                   x, partials, gamma if normalise else x, gamma.stride(0) if normalise else 0,
                   beta if normalise else x, beta.stride(0) if normalise else 0, y if normalise else x,
                   running_mean, running_mean.stride(0) if running else 0,
                   running_var, running_var.stride(0) if running else 0,
                   moved_mean, moved_mean.stride(0) if running else 0, moved_var, moved_var.stride(0) if running else 0,
-                  *_sizes(spec), *plan.tile_args, spec.values_per_channel,
-                  *numerics.float32_pair(spec.eps), *numerics.float32_pair(momentum),
-                  SPLIT=plan.splits > 1, NORMALISE=normalise, UPDATE_RUNNING=bool(running), ACTIVATION=activation,
-                  COMPUTE_TYPE=numerics.compute_type(x.dtype), INTERP=launch.INTERPRET,
-                  BLOCK_SIZE_P=launch.next_pow2(plan.splits), **plan.meta)
+                  *trailing, *numerics.float32_pair(momentum), **meta)
     return y
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_launch(spec, interpret, sms, normalise, update_running, activation, dtype):
+    """The grid, the trailing arguments (:func:`_trailing`) and the
+    constexprs of a training forward launch, made once per spec, plan and options."""
+    plan = _plan(spec, interpret, sms)
+    meta = dict(SPLIT=plan.splits > 1, NORMALISE=normalise, UPDATE_RUNNING=update_running, ACTIVATION=activation,
+                COMPUTE_TYPE=numerics.compute_type(dtype), INTERP=interpret,
+                BLOCK_SIZE_P=launch.next_pow2(plan.splits), **plan.meta)
+    return (spec.channels, plan.splits if normalise else 1), _trailing(spec, interpret, sms), meta
+
+
+@functools.lru_cache(maxsize=1024)
+def _backward_launch(spec, interpret, sms, activation, dtype):
+    """The grid, the trailing arguments and the constexprs of a training
+    backward launch, made once per spec, plan and activation code."""
+    plan = _plan(spec, interpret, sms)
+    meta = dict(SPLIT=plan.splits > 1, ACTIVATION=activation, COMPUTE_TYPE=numerics.compute_type(dtype),
+                INTERP=interpret, BLOCK_SIZE_P=launch.next_pow2(plan.splits), **plan.meta)
+    return (spec.channels, plan.splits), _trailing(spec, interpret, sms), meta
 
 
 def _grad_and_output(grad, out, activation):
@@ -511,13 +540,12 @@ def batchnorm_train_backward(grad, out, x, gamma, beta, running_mean=None, runni
     grad, out, act = _grad_and_output(grad, out, spec.activation)
     dgamma = launch.empty(gamma.shape, gamma.dtype, gamma.device)
     dbeta = launch.empty(beta.shape, beta.dtype, beta.device)
-    plan = _plan(spec, launch.INTERPRET, launch.sm_count(x.get_device()))
+    sms = launch.sm_count(x.get_device())
+    plan = _plan(spec, launch.INTERPRET, sms)
     partials = _partial_stats(x, spec, plan, grad, out, act)
-    launch.launch(_batchnorm_train_backward_kernel, (spec.channels, plan.splits), grad, out, x, partials,
-                  gamma, gamma.stride(0), dx, dgamma, 1, dbeta, 1, *_sizes(spec), *plan.tile_args,
-                  spec.values_per_channel, *numerics.float32_pair(spec.eps), SPLIT=plan.splits > 1,
-                  ACTIVATION=act, COMPUTE_TYPE=numerics.compute_type(x.dtype), INTERP=launch.INTERPRET,
-                  BLOCK_SIZE_P=launch.next_pow2(plan.splits), **plan.meta)
+    grid, trailing, meta = _backward_launch(spec, launch.INTERPRET, sms, act, x.dtype)
+    launch.launch(_batchnorm_train_backward_kernel, grid, grad, out, x, partials,
+                  gamma, gamma.stride(0), dx, dgamma, 1, dbeta, 1, *trailing, **meta)
     return (dx, dgamma, dbeta) + none_for_running
 
 

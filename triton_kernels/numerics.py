@@ -4,6 +4,7 @@ the smooth functions built from ``exp`` and ``log`` alone (sigmoid, tanh,
 expm1, log1p), and the one dot product every GEMM-shaped kernel (matmul, conv,
 the recurrent layers) uses."""
 import functools
+import struct
 
 import numpy as np
 import torch
@@ -44,10 +45,24 @@ def store_value(value, OUTPUT_TYPE: tl.constexpr, INTERPRETER: tl.constexpr):
 # dropout scale) travels as two float32 numbers hi + lo whose float64 sum is
 # the value to ~1e-15; float32 kernels use hi alone.
 
+_FLOAT32 = struct.Struct("f")
+
+
+def _to_float32(v):
+    """The float32 nearest to the float ``v`` (as a Python float): packed
+    through C's float, which rounds as NumPy does; out of float32's range,
+    NumPy's answer (inf)."""
+    try:
+        return _FLOAT32.unpack(_FLOAT32.pack(v))[0]
+    except OverflowError:
+        return float(np.float32(v))
+
+
 def float32_pair(value):
     """``value`` as two float32 numbers ``(hi, lo)`` with ``hi + lo ~ value``."""
-    hi = float(np.float32(value))
-    return hi, float(np.float32(float(value) - hi))
+    value = float(value)
+    hi = _to_float32(value)
+    return hi, _to_float32(value - hi)
 
 
 @triton.jit

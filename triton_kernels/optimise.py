@@ -19,8 +19,10 @@ separate tensors they are, each addressed through its own strides, so a
 transposed or strided view is updated where it lives. The cost: one table
 per call, ``7 + 7 * roles`` int64 per parameter (18 KB for the 64
 parameters of ``UNet(3, 2)`` with Adam), allocated and copied to the device
-before the first launch, so a call that runs out of memory changes nothing;
-a call with the same tensor objects as the rule's last (a captured step's
+before the first launch, so a call that runs out of memory changes nothing.
+A call with the parameters and states of the rule's last (a training loop's
+next step) checks only its gradients and writes their addresses into the
+rows it keeps; one with the very same tensor objects (a captured step's
 gradients) reuses the last table.
 
 Speed. When every parameter of a launch is dense (``DENSE``) the offset is
@@ -340,7 +342,7 @@ def _launch_for_each(kernel, rule, roles, scalars, **meta):
     tables = _tables_for(rule, roles)
     if tables is None:
         return
-    table, launches = tables
+    table, launches, _ = tables
     scalar_pairs = [half for s in scalars for half in numerics.float32_pair(s)]
     for dtype, begin, end, n_parameters, programs, dense, aligned, block in launches:
         launch.launch(kernel, (programs,), table[begin:end], n_parameters, *scalar_pairs,
@@ -349,24 +351,119 @@ def _launch_for_each(kernel, rule, roles, scalars, **meta):
                       **meta)
 
 
-#: per rule, the tables of its last call: (the id of every tensor, weak references to them, tables)
-_LAST_TABLES = {}
+#: per rule, the layout of its last call (:class:`_Layout`)
+_LAST_LAYOUT = {}
 
 
 def _tables_for(rule, roles):
     """The device table and the launches (dtype, table rows, programs, ...)
-    for the tensors of ``roles``; None when no parameter has elements. A
-    call with the very tensors of the rule's last call (a training loop's
-    gradients kept, as a captured step keeps them) reuses its table: the
-    same objects have the same addresses, sizes and strides."""
-    tensors = [t for tensors in roles for t in tensors]
-    ids = tuple(map(id, tensors))
-    last = _LAST_TABLES.get(rule)
-    if last is not None and last[0] == ids and all(ref() is t for ref, t in zip(last[1], tensors)):
-        return last[2]
-    tables = _build_tables(rule, roles)
-    _LAST_TABLES[rule] = (ids, [weakref.ref(t) for t in tensors], tables)
-    return tables
+    for the tensors of ``roles``; None when no parameter has elements.
+
+    A training loop calls a rule with the same parameters and states every
+    step and new gradients: the rule's last :class:`_Layout` keeps their rows,
+    so such a call checks only the gradients and writes their addresses into
+    the rows. A call with the very tensors of the last (a captured step's
+    gradients) reuses its device table as it is."""
+    static = [t for k, tensors in enumerate(roles) if k != 1 for t in tensors]
+    layout = _LAST_LAYOUT.get(rule)
+    if layout is None or not layout.holds(static, len(roles)):
+        layout = _LAST_LAYOUT[rule] = _Layout(rule, roles, static)
+        return layout.last
+    return layout.tables(rule, roles)
+
+
+class _Layout:
+    """The table of one call of a rule (``template``), kept for the next
+    calls with the same parameters and states (weakly: a dropped model frees
+    its memory), and the tables of the last call (``last``)."""
+
+    def __init__(self, rule, roles, static):
+        self.ids = tuple(map(id, static))
+        self.interpret = launch.INTERPRET       # (the block size depends on it)
+        # a tensor of the rows freed: the layout is void (its id may be taken by a new tensor)
+        self.void = False
+        self.refs = [weakref.ref(t, self._void) for t in static]
+        self.n_roles = len(roles)
+        self.last = self.template = _build_tables(rule, roles)
+        self.gradients = [weakref.ref(g) for g in roles[1]]
+        self.groups = None
+        xs = roles[0]
+        # the gradients' rows can be refilled when every row reads its tensors as one dimension
+        if self.last is not None and all(t.is_contiguous() for tensors in roles for t in tensors):
+            self.shapes = [x.shape for x in xs]
+            self.dtypes = [x.dtype for x in xs]
+            self.device = xs[0].get_device()
+            self.groups = _gradient_columns(xs, self.n_roles, self.last)
+
+    def _void(self, ref):
+        self.void = True
+
+    def holds(self, static, n_roles):
+        """Whether ``static`` are the very tensors of the rows: the same ids, none freed since."""
+        return (not self.void and n_roles == self.n_roles and self.interpret == launch.INTERPRET
+                and self.ids == tuple(map(id, static)))
+
+    def tables(self, rule, roles):
+        """The tables for the gradients ``roles[1]`` (the rest as before)."""
+        gs = roles[1]
+        if len(gs) == len(self.gradients) and all(ref() is g for ref, g in zip(self.gradients, gs)):
+            return self.last
+        addresses = self.groups is not None and self._gradient_addresses(gs)
+        if not addresses:        # a gradient that is strided, or wrong: every row built and checked again
+            self.last = _build_tables(rule, roles)
+        else:
+            self.last = _refilled(self.template, self.groups, addresses)
+        self.gradients = [weakref.ref(g) for g in gs]
+        return self.last
+
+    def _gradient_addresses(self, gs):
+        """Each gradient's address, when all of them are dense and fit their
+        parameters as the rows expect; else None (the full build raises or
+        copes)."""
+        if len(gs) != len(self.shapes):
+            return None
+        out = []
+        for g, shape, dtype in zip(gs, self.shapes, self.dtypes):
+            if g.shape != shape or g.dtype != dtype or g.get_device() != self.device or not g.is_contiguous():
+                return None
+            out.append(g.data_ptr())
+        return out
+
+
+def _gradient_columns(xs, n_roles, tables):
+    """Per launch of ``tables``: the positions of its gradients' addresses in
+    its host table (a row is ``7 + 7 * roles`` int64, see :func:`_row`) and
+    the parameters of its rows, in order."""
+    _, launches, hosts = tables
+    by_dtype = {}
+    for i, x in enumerate(xs):
+        if x.numel():
+            by_dtype.setdefault(x.dtype, []).append(i)
+    width, first = 7 + 7 * n_roles, COLUMN_ADDRESSES.value
+    groups = []
+    for (dtype, *_), host in zip(launches, hosts):
+        members = by_dtype[dtype]
+        addresses = host[:len(members) * width].reshape(len(members), width)[:, first:first + n_roles]
+        aligned = not (np.delete(addresses, 1, axis=1) % 16).any()     # the parameters' and states'
+        groups.append((np.arange(len(members)) * width + first + 1, members, aligned))
+    return groups
+
+
+def _refilled(tables, groups, addresses):
+    """``tables`` with the gradients' addresses of ``addresses`` (one per
+    parameter) written into the host tables, copied to a new device table."""
+    table, launches, hosts = tables
+    new_hosts, new_launches = [], []
+    for (positions, members, aligned), host, entry in zip(groups, hosts, launches):
+        host = host.copy()
+        ptrs = [addresses[i] for i in members]
+        host[positions] = ptrs
+        aligned = aligned and not any(a % 16 for a in ptrs)
+        new_hosts.append(host)
+        new_launches.append(entry[:6] + (aligned,) + entry[7:])
+    device_table = launch.empty(table.shape, torch.int64, table.device)
+    device_table.copy_(torch.from_numpy(np.concatenate(new_hosts)))
+    return device_table, new_launches, new_hosts
 
 
 def _build_tables(rule, roles):
@@ -401,7 +498,7 @@ def _build_tables(rule, roles):
         start += host.size
     table = launch.empty((start,), torch.int64, device)
     table.copy_(torch.from_numpy(np.concatenate(hosts)))
-    return table, launches
+    return table, launches, hosts
 
 
 def _bias_corrections(beta1, beta2, step):

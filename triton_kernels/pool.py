@@ -33,7 +33,11 @@ depends on. No atomics, so every result is deterministic:
   element the sum of the gradients of the covering windows whose argmax is
   that element. (Recomputing each covering window's argmax per input
   element would cost prod(k) loads per window, and for an adaptive window
-  as large as the input, its whole size per element);
+  as large as the input, its whole size per element.) Windows that do not
+  overlap (stride at least the dilated window) are the exception: each input
+  element lies in one window at most, whose argmax the backward recomputes by
+  the forward's scan (its prod(k) loads fall on the cache lines its
+  neighbours load), in one launch that reads x once and writes no scratch;
 * Lp-norm backwards, in two launches: the forward kernel again, storing
   each window's weight w = g S u^(1/p - 1) sign(u)^2 (0 where u = 0; the
   reference's docstring has the math) in a scratch tensor of the compute
@@ -42,6 +46,7 @@ depends on. No atomics, so every result is deterministic:
 * mean-pool backwards: per input element, the sum of g / divisor over the
   windows that cover it.
 """
+import functools
 import math
 
 import torch
@@ -118,6 +123,37 @@ def _max_step(v, here, ok, best, arg, found):
     best = tl.where(take, v, best)
     arg = tl.where(take, here, arg)
     return best, arg, found | ok
+
+
+@triton.jit
+def _window_argmax(x, image, i, j, l, ok, in_depth, in_height, in_width, x_depth_stride, x_height_stride,
+                   x_width_stride, WINDOW_D: tl.constexpr, WINDOW_H: tl.constexpr, WINDOW_W: tl.constexpr,
+                   STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+                   PAD_D: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+                   DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr, ABS: tl.constexpr,
+                   COMPUTE_TYPE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """The input element ``(d * H + h) * W + w`` the maximum (of |x| with ABS) of window
+    (i, j, l) comes from, where ``ok``: the forward's scan (:func:`_max_step`, the same
+    order), -1 where the window has no real value."""
+    best = tl.full((BLOCK_SIZE,), -float("inf"), COMPUTE_TYPE)
+    arg = tl.full((BLOCK_SIZE,), -1, tl.int32)
+    found = tl.zeros((BLOCK_SIZE,), tl.int1)
+    for a in tl.static_range(WINDOW_D):
+        d = i * STRIDE_D - PAD_D + a * DIL_D
+        ok_d = ok & (d >= 0) & (d < in_depth)
+        for b in tl.static_range(WINDOW_H):
+            h = j * STRIDE_H - PAD_H + b * DIL_H
+            ok_h = ok_d & (h >= 0) & (h < in_height)
+            row = (d * in_height + h) * in_width
+            for e in tl.static_range(WINDOW_W):
+                w = l * STRIDE_W - PAD_W + e * DIL_W
+                ok_w = ok_h & (w >= 0) & (w < in_width)
+                v = tl.load(x + image + d * x_depth_stride + h * x_height_stride + w * x_width_stride, mask=ok_w,
+                            other=0.0).to(COMPUTE_TYPE)
+                if ABS:
+                    v = tl.abs(v)
+                best, arg, found = _max_step(v, (row + w).to(tl.int32), ok_w, best, arg, found)
+    return arg
 
 
 @triton.jit
@@ -222,15 +258,17 @@ def _pool_bwd_kernel(g, scratch, x, dx, total, channels, in_depth, in_height, in
                      DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
                      MODE: tl.constexpr, COUNT_PAD: tl.constexpr, GRAD_POWER: tl.constexpr,
                      GRAD_KIND: tl.constexpr, COMPUTE_TYPE: tl.constexpr, INTERP: tl.constexpr,
-                     BLOCK_SIZE: tl.constexpr):
+                     BLOCK_SIZE: tl.constexpr, RECOMPUTE: tl.constexpr):
     """dx per input element q: over the windows i that cover it, the
-    gradient if the window's argmax (``scratch``, dense (N, C, *out)) is q
-    (MAX; times sign(x[q]) for MAX_ABS), g / divisor (MEAN), or the window's
-    weight (``scratch``; LP: the sum then times x[q]^GRAD_POWER)."""
+    gradient if the window's argmax (``scratch``, dense (N, C, *out); with
+    RECOMPUTE, windows that do not overlap, found here from x by the forward's
+    scan) is q (MAX; times sign(x[q]) for MAX_ABS), g / divisor (MEAN), or the
+    window's weight (``scratch``; LP: the sum then times x[q]^GRAD_POWER)."""
     lin = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = lin < total
     n, c, p, q, r = split_ncdhw(lin, channels, in_depth, in_height, in_width)
     g_image = n * g_batch_stride + c * g_channel_stride
+    x_image = n * x_batch_stride + c * x_channel_stride
     scratch_image = (n * channels + c) * out_depth * out_height * out_width
     me = ((p * in_height + q) * in_width + r).to(tl.int32)
     acc = tl.zeros((BLOCK_SIZE,), COMPUTE_TYPE)
@@ -268,11 +306,17 @@ def _pool_bwd_kernel(g, scratch, x, dx, total, channels, in_depth, in_height, in
                                                          COUNT_PAD).to(COMPUTE_TYPE)
                         acc += tl.where(cover, gv / divisor, 0.0)
                     else:
-                        won = tl.load(scratch + row + l, mask=cover, other=-1) == me
-                        acc += tl.where(cover & won, gv, 0.0)
+                        if RECOMPUTE:
+                            arg = _window_argmax(x, x_image, i, j, l, cover, in_depth, in_height, in_width,
+                                                 x_depth_stride, x_height_stride, x_width_stride, WINDOW_D,
+                                                 WINDOW_H, WINDOW_W, STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H,
+                                                 PAD_W, DIL_D, DIL_H, DIL_W, MODE == 3, COMPUTE_TYPE, BLOCK_SIZE)
+                        else:
+                            arg = tl.load(scratch + row + l, mask=cover, other=-1)
+                        acc += tl.where(cover & (arg == me), gv, 0.0)
     if MODE == 2 or MODE == 3:
-        xv = tl.load(x + n * x_batch_stride + c * x_channel_stride + p * x_depth_stride + q * x_height_stride
-                     + r * x_width_stride, mask=mask, other=0.0).to(COMPUTE_TYPE)
+        xv = tl.load(x + x_image + p * x_depth_stride + q * x_height_stride + r * x_width_stride, mask=mask,
+                     other=0.0).to(COMPUTE_TYPE)
         if MODE == 2:
             acc = acc * _pow(xv, GRAD_POWER, GRAD_KIND)
         else:
@@ -281,6 +325,12 @@ def _pool_bwd_kernel(g, scratch, x, dx, total, channels, in_depth, in_height, in
 
 
 def _meta(spec, mode, count_include_pad, x):
+    """The constexprs of a pooling launch and the power p (made once per spec, mode and dtype)."""
+    return _meta_of(spec, mode, bool(count_include_pad), x.dtype, launch.INTERPRET)
+
+
+@functools.lru_cache(maxsize=1024)
+def _meta_of(spec, mode, count_include_pad, dtype, interpret):
     R = spec.rank
     lift = 3 - R
     window = (1,) * lift + spec.window
@@ -293,12 +343,12 @@ def _meta(spec, mode, count_include_pad, x):
                 STRIDE_D=stride[0], STRIDE_H=stride[1], STRIDE_W=stride[2],
                 PAD_D=lo[0], PAD_H=lo[1], PAD_W=lo[2], PAD_D_HI=hi[0], PAD_H_HI=hi[1], PAD_W_HI=hi[2],
                 DIL_D=dilation[0], DIL_H=dilation[1], DIL_W=dilation[2], MODE=mode,
-                COUNT_PAD=bool(count_include_pad) or mode == LP,
-                COMPUTE_TYPE=numerics.compute_type(x.dtype), INTERP=launch.INTERPRET), p
+                COUNT_PAD=count_include_pad or mode == LP,
+                COMPUTE_TYPE=numerics.compute_type(dtype), INTERP=interpret), p
 
 
 def _pool_forward(x, spec, mode, count_include_pad=True, write=VALUE, grad=None):
-    y_dtype = {VALUE: x.dtype, ARGMAX: torch.int32, LP_WEIGHT: _compute_torch_dtype(x.dtype)}[write]
+    y_dtype = x.dtype if write == VALUE else torch.int32 if write == ARGMAX else _compute_torch_dtype(x.dtype)
     y = launch.empty(spec.out_shape, y_dtype, x.device)
     total = y.numel()
     if total == 0:
@@ -307,13 +357,19 @@ def _pool_forward(x, spec, mode, count_include_pad=True, write=VALUE, grad=None)
     out_sides, _ = _lift(spec.out_shape, y.stride(), spec.rank)
     g = x if grad is None else grad
     _, g_strides = _lift(g.shape, g.stride(), spec.rank)
-    meta, p = _meta(spec, mode, count_include_pad, x)
     block = _block(total)
     launch.launch(_pool_fwd_kernel, (launch.cdiv(total, block),), x, y, g, total, x.shape[1], *sides, *out_sides,
-                  *x_strides, *g_strides, WRITE=write, P=p, P_KIND=_power_kind(p), ROOT=1.0 / p,
-                  ROOT_KIND=_power_kind(1.0 / p), WEIGHT_POWER=1.0 / p - 1.0, WEIGHT_KIND=_power_kind(1.0 / p - 1.0),
-                  BLOCK_SIZE=block, **meta)
+                  *x_strides, *g_strides, BLOCK_SIZE=block,
+                  **_forward_meta(spec, mode, bool(count_include_pad), x.dtype, write, launch.INTERPRET))
     return y
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_meta(spec, mode, count_include_pad, dtype, write, interpret):
+    """The constexprs of a forward pooling launch writing ``write``, once per spec, mode and dtype."""
+    meta, p = _meta_of(spec, mode, count_include_pad, dtype, interpret)
+    return dict(meta, WRITE=write, P=p, P_KIND=_power_kind(p), ROOT=1.0 / p, ROOT_KIND=_power_kind(1.0 / p),
+                WEIGHT_POWER=1.0 / p - 1.0, WEIGHT_KIND=_power_kind(1.0 / p - 1.0))
 
 
 def _compute_torch_dtype(dtype):
@@ -327,7 +383,10 @@ def _pool_backward(grad, x, spec, mode, count_include_pad=True):
     total = dx.numel()
     if total == 0:
         return dx
-    if mode in (MAX, MAX_ABS):
+    # windows that do not overlap (a UNet's 2 x 2 max-pool): the backward finds each window's
+    # argmax itself, in one launch and one pass over x, with no scratch
+    recompute = mode in (MAX, MAX_ABS) and _windows_apart(spec)
+    if mode in (MAX, MAX_ABS) and not recompute:
         scratch = _pool_forward(x, spec, mode, write=ARGMAX)
     elif mode == LP:
         scratch = _pool_forward(x, spec, mode, write=LP_WEIGHT, grad=grad)
@@ -337,10 +396,17 @@ def _pool_backward(grad, x, spec, mode, count_include_pad=True):
     out_sides, g_strides = _lift(grad.shape, grad.stride(), spec.rank)
     meta, p = _meta(spec, mode, count_include_pad, x)
     block = _block(total)
-    launch.launch(_pool_bwd_kernel, (launch.cdiv(total, block),), grad, scratch, x, dx, total, x.shape[1], *sides,
-                  *out_sides, *g_strides, *x_strides, GRAD_POWER=p - 1.0, GRAD_KIND=_power_kind(p - 1.0),
-                  BLOCK_SIZE=block, **meta)
+    # x is read for LP, MAX_ABS and a recomputed argmax only: the others pass dx in its place (not loaded)
+    x_read = x if mode in (LP, MAX_ABS) or recompute else dx
+    launch.launch(_pool_bwd_kernel, (launch.cdiv(total, block),), grad, scratch, x_read, dx, total, x.shape[1],
+                  *sides, *out_sides, *g_strides, *x_strides, GRAD_POWER=p - 1.0, GRAD_KIND=_power_kind(p - 1.0),
+                  BLOCK_SIZE=block, RECOMPUTE=recompute, **meta)
     return dx
+
+
+def _windows_apart(spec):
+    """Whether no two windows share an input element: the stride at least the dilated window on every axis."""
+    return all(s >= d * (k - 1) + 1 for k, s, d in zip(spec.window, spec.stride, spec.dilation))
 
 
 def maxpool_forward(x, window, stride, padding, dilation=None, ceil_mode=False):

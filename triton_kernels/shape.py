@@ -69,7 +69,8 @@ def getitem_backward(g, out, x, *, index):
 # --- concat --------------------------------------------------------------------------------
 
 def _slab(t, axis, start, size):
-    return t[(slice(None),) * axis + (slice(start, start + size),)]
+    """The view of ``t`` at ``start:start + size`` along ``axis``."""
+    return t.narrow(axis, start, size)
 
 
 def concat_forward(*xs, axis):

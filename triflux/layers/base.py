@@ -1,11 +1,14 @@
 """The layer base class: parameters are attributes holding Tensors."""
+from .. import functor
 from ..functor import holds_arrays
 from ..show import layer_repr
 
 __all__ = ["Layer"]
 
-#: attributes set or deleted on any layer so far (a captured step's guard: a new array, a mode)
-ATTRIBUTE_WRITES = 0
+#: what a layer remembers in its ``__dict__`` about itself, dropped whenever an attribute is
+#: set or deleted: ``_children_names`` (see ``_children``), ``_checked`` (its options, checked:
+#: see :meth:`Layer._checked_options`) and ``_skeleton`` (its walk: ``triflux.skeleton``)
+_REMEMBERED = ("_children_names", "_checked", "_skeleton")
 
 
 class Layer:
@@ -34,22 +37,34 @@ class Layer:
                 if mutable:
                     return {k: d[k] for k in d if k in kids or (k in mutable and holds_arrays(d[k]))}
                 return kids
-        kids = {k: v for k, v in d.items() if k != "_children_names" and holds_arrays(v)}
-        mutable = frozenset(k for k, v in d.items() if isinstance(v, (list, dict)))
+        kids = {k: v for k, v in d.items() if k not in _REMEMBERED and holds_arrays(v)}
+        mutable = frozenset(k for k, v in d.items() if k not in _REMEMBERED and isinstance(v, (list, dict)))
         d["_children_names"] = (tuple(k for k in kids if k not in mutable), mutable)
         return kids
 
     def __setattr__(self, name, value):
-        global ATTRIBUTE_WRITES
-        ATTRIBUTE_WRITES += 1
-        self.__dict__.pop("_children_names", None)
+        functor.ATTRIBUTE_WRITES += 1      # remembered walks of models look again
+        d = self.__dict__
+        for key in _REMEMBERED:
+            d.pop(key, None)
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name):
-        global ATTRIBUTE_WRITES
-        ATTRIBUTE_WRITES += 1
-        self.__dict__.pop("_children_names", None)
+        functor.ATTRIBUTE_WRITES += 1
+        d = self.__dict__
+        for key in _REMEMBERED:
+            d.pop(key, None)
         object.__delattr__(self, name)
+
+    def _checked_options(self, check):
+        """``check(self)``: the layer's options (stride, padding, ...) checked
+        and normalised, as its call passes them on, remembered until an
+        attribute is set or deleted (a call checks them once, not per call)."""
+        d = vars(self)
+        options = d.get("_checked")
+        if options is None:
+            options = d["_checked"] = check(self)
+        return options
 
     def __repr__(self):
         return layer_repr(self)

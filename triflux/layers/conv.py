@@ -18,7 +18,7 @@ from ..arguments import float_dtype, int_arg, ntuple_arg, spatial_pad_arg
 from ..devices import as_device
 from ..errors import ArgumentError, ShapeError
 from ..show import fname
-from ..spatial import spatial_axes
+from ..spatial import conv_attrs, run_conv, run_conv_bias_act, run_conv_transpose, spatial_axes
 from ..tensor import Tensor, as_tensor, transfer
 from .base import Layer, layer_name
 from .fusion import fused_activation
@@ -137,6 +137,20 @@ def _bias_shape(rank):
     return (1, -1) + (1,) * rank
 
 
+def _conv_options(layer):
+    """A Conv's stride, padding, dilation and groups as the conv primitive takes them, checked."""
+    return conv_attrs(type(layer).__name__, layer.weight.ndim - 2, layer.stride, layer.pad, layer.dilation,
+                      layer.groups)
+
+
+def _conv_transpose_options(layer):
+    """A ConvTranspose's options as the conv_transpose primitive takes them, checked."""
+    rank = layer.weight.ndim - 2
+    options = conv_attrs("ConvTranspose", rank, layer.stride, layer.pad, layer.dilation, layer.groups)
+    options["output_padding"] = ntuple_arg(layer.outpad, rank, "ConvTranspose", "outpad", low=0)
+    return options
+
+
 class Conv(Layer):
     """``activation(conv(x, weight) + bias)`` on ``(N, C, *spatial)`` input, the
     kernel tuple's length setting the spatial rank: ``Conv((3, 3), 3, 16, relu)``
@@ -187,28 +201,34 @@ class Conv(Layer):
                          k * cout // self.groups, cout, init, bias, dtype, device)
 
     def __call__(self, x):
-        rank = self.weight.ndim - 2
-        cin = self.weight.shape[1] * self.groups
-        x = check_input(self, spatial_input(self, x, rank), self.weight, axis=1, expected=cin, what="channels")
-        padding = self.pad
-        if self.pad_mode != "zeros" and any(padding):
+        w = self.weight
+        rank = w.ndim - 2
+        x = check_input(self, spatial_input(self, x, rank), w, axis=1, expected=w.shape[1] * self.groups,
+                        what="channels")
+        options = self._checked_options(_conv_options)
+        if self.pad_mode != "zeros" and any(options["padding"]):
             # torch's padding_mode: the padding holds reflected/repeated/wrapped input, then no zeros
             try:
-                x = ops.pad(x, padding, PAD_MODES[self.pad_mode])
+                x = ops.pad(x, options["padding"], PAD_MODES[self.pad_mode])
             except ShapeError as e:
                 raise ShapeError(f"{layer_name(self)} cannot pad an input of shape {x.shape}: {e}") from None
-            padding = (0,) * len(padding)
-        _check_extent(self, x, self.weight.shape[2:], self.dilation, padding)
+            options = dict(options, padding=(0,) * (2 * rank))
         # activations whose derivative follows from the output are fused with the conv
         # and the bias into one primitive; others keep conv, + bias, activation
-        fused = fused_activation(self.activation, "conv_bias_act") if self.bias is not None else None
-        if fused is not None:
-            return ops.conv_bias_act(x, self.weight, self.bias, stride=self.stride, padding=padding,
-                                     dilation=self.dilation, groups=self.groups, activation=fused)
-        y = ops.conv(x, self.weight, stride=self.stride, padding=padding, dilation=self.dilation,
-                     groups=self.groups)
-        if self.bias is not None:
-            y = y + ops.reshape(self.bias, _bias_shape(rank))
+        bias = self.bias
+        fused = fused_activation(self.activation, "conv_bias_act") if bias is not None else None
+        try:
+            # x fits w (check_input): the spec checks the geometry, the bias's device is checked where it meets x
+            if fused is not None and bias.dtype == x.dtype:
+                return run_conv_bias_act(x, w, bias, dict(options, activation=fused))
+            if fused is not None:     # another dtype: promoted as conv(x, w) + bias would be
+                return ops.conv_bias_act(x, w, bias, **options, activation=fused)
+            y = run_conv(x, w, options, device=x._device)
+        except ShapeError:
+            _check_extent(self, x, w.shape[2:], options["dilation"], options["padding"])   # says it per layer
+            raise
+        if bias is not None:
+            y = y + ops.reshape(bias, _bias_shape(rank))
         return self.activation(y)
 
     def _signature(self):
@@ -292,11 +312,10 @@ class ConvTranspose(Layer):
                          k * cin // self.groups, cout, init, bias, dtype, device)
 
     def __call__(self, x):
-        rank = self.weight.ndim - 2
-        x = check_input(self, spatial_input(self, x, rank), self.weight, axis=1, expected=self.weight.shape[0],
-                        what="channels")
-        y = ops.conv_transpose(x, self.weight, stride=self.stride, padding=self.pad,
-                               output_padding=self.outpad, dilation=self.dilation, groups=self.groups)
+        w = self.weight
+        rank = w.ndim - 2
+        x = check_input(self, spatial_input(self, x, rank), w, axis=1, expected=w.shape[0], what="channels")
+        y = run_conv_transpose(x, w, self._checked_options(_conv_transpose_options), device=x._device)
         if self.bias is not None:
             y = y + ops.reshape(self.bias, _bias_shape(rank))
         return self.activation(y)

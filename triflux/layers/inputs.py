@@ -26,6 +26,10 @@ def check_input(layer, x, like, *, axis=-1, expected=None, what="features"):
     layer, what was expected and what was received."""
     if not isinstance(x, Tensor):
         x = as_tensor(np.asarray(x))
+    data = x._data
+    if x._device is like._device and data.dtype is like._data.dtype and expected is not None and data.ndim \
+            and data.shape[axis] == expected:
+        return x                  # the usual call: the parameters' device and dtype, the expected size
     same_device = x._device is like._device or x._device == like._device
     same_dtype = x.dtype == like.dtype
     if not (same_device and same_dtype) and not is_real(x.dtype):

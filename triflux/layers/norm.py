@@ -71,7 +71,8 @@ class BatchNorm(Layer):
         else:
             # the running statistics move in the normalisation's own launches (an empty batch leaves them,
             # as torch); inside a training step into new memory, kept only if the whole step succeeds
-            values = x.shape[0] * math.prod(x.shape[2:])
+            shape = x._data.shape
+            values = shape[0] * math.prod(shape[2:])
             if values == 1:
                 raise ShapeError(
                     f"{layer_name(self)}: expected more than 1 value per channel when training, got input of "

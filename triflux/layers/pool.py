@@ -15,7 +15,8 @@ import numbers
 from .. import ops
 from ..arguments import flag_arg, int_arg, is_int, is_real, not_real, ntuple_arg, spatial_pad_arg
 from ..errors import ShapeError
-from ..spatial import UPSAMPLE_MODES
+from ..operands import floating
+from ..spatial import UPSAMPLE_MODES, run_pool
 from ..specs.pool import pool_spec
 from ..specs.upsample import upsample_spec
 from ..tensor import as_tensor
@@ -97,12 +98,13 @@ class MaxPool(_WindowPool):
 
     def __call__(self, x):
         x = self._input(x)
+        attrs = {"window": self.window, "stride": self.stride, "padding": self.pad, "dilation": self.dilation,
+                 "ceil_mode": self.ceil_mode}
         try:
-            pool_spec("maxpool", x.shape, x.dtype, window=self.window, stride=self.stride, padding=self.pad,
-                      dilation=self.dilation, ceil_mode=self.ceil_mode)
+            pool_spec("maxpool", x._data.shape, x.dtype, **attrs)     # the windows, checked once
         except ShapeError as e:
             raise _geometry_error(self, e, x) from None
-        return ops.maxpool(x, self.window, self.stride, self.pad, self.dilation, self.ceil_mode)
+        return run_pool("maxpool", floating(x, "maxpool"), attrs, "maxpool")
 
     def _signature(self):
         return self._options(("dilation", self.dilation, (1,) * len(self.window)), ("ceil_mode", self.ceil_mode, False))
@@ -127,12 +129,13 @@ class MeanPool(_WindowPool):
 
     def __call__(self, x):
         x = self._input(x)
+        attrs = {"window": self.window, "stride": self.stride, "padding": self.pad, "ceil_mode": self.ceil_mode}
         try:
-            pool_spec("meanpool", x.shape, x.dtype, window=self.window, stride=self.stride, padding=self.pad,
-                      ceil_mode=self.ceil_mode)
+            pool_spec("meanpool", x._data.shape, x.dtype, **attrs)     # the windows, checked once
         except ShapeError as e:
             raise _geometry_error(self, e, x) from None
-        return ops.meanpool(x, self.window, self.stride, self.pad, self.ceil_mode, self.count_include_pad)
+        attrs["count_include_pad"] = self.count_include_pad
+        return run_pool("meanpool", floating(x, "meanpool"), attrs, "meanpool")
 
     def _signature(self):
         return self._options(("ceil_mode", self.ceil_mode, False),

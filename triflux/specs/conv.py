@@ -33,6 +33,7 @@ front of the R spatial ones, so one code path serves all ranks.
 ``conv2d_spec``, ``conv2d_bias_act_spec`` and ``conv_transpose2d_spec`` are
 the 2-D entry points of before (2-D defaults), thin wrappers.
 """
+import functools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -77,24 +78,32 @@ class ConvSpec:
     groups: int
     activation: str | None = None
 
-    @property
+    @functools.cached_property
     def rank(self):
         """R, the spatial axes."""
         return len(self.x_shape) - 2
 
-    @property
+    @functools.cached_property
     def kernel_size(self):
         """The R kernel sides k."""
         return self.w_shape[2:]
 
-    @property
+    @functools.cached_property
     def padding_lo(self):
         """The padding before each axis, (lo_0, ..., lo_{R-1})."""
         return self.padding[0::2]
 
-    @property
+    @functools.cached_property
     def padding_hi(self):
         return self.padding[1::2]
+
+    @functools.cached_property
+    def geometry3(self):
+        """The canonical rank-3 geometry the kernels read (any rank): kernel,
+        stride, padding before each axis and dilation as 3-tuples (size-1,
+        stride-1, unpadded axes in front), and whether the depth axis is real."""
+        return (lift3(self.kernel_size, 1), lift3(self.stride, 1), lift3(self.padding_lo, 0),
+                lift3(self.dilation, 1), self.rank == 3)
 
     @property
     def in_channels_per_group(self):
@@ -136,7 +145,7 @@ class ConvTransposeSpec:
     def rank(self):
         return len(self.x_shape) - 2
 
-    @property
+    @functools.cached_property
     def extra(self):
         """The positions at the high end of each axis of the adjoint's output
         that no input position reaches: output_padding // stride (R entries)."""

@@ -26,17 +26,26 @@ class BatchNormSpec:
     eps: float
     activation: str = "identity"   #: applied to the normalised output (one of FUSABLE_ACTIVATIONS)
 
-    @property
+    def __hash__(self):
+        # a spec keys the kernels' host plans on every launch: hashed once (from numbers only,
+        # so a copy from another process hashes alike)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.x_shape, self.eps))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    @functools.cached_property
     def channels(self):
         """C."""
         return self.x_shape[1]
 
-    @property
+    @functools.cached_property
     def spatial_size(self):
         """S: the positions per sample and channel."""
         return math.prod(self.x_shape[2:])
 
-    @property
+    @functools.cached_property
     def values_per_channel(self):
         """M = N * S: the values each channel's statistics are taken over."""
         return self.x_shape[0] * self.spatial_size
