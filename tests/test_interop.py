@@ -588,3 +588,125 @@ def test_pool_and_upsample_layers_round_trip():
                   tf.Upsample("bilinear", size=(6, 7), align_corners=True), tf.Upsample("nearest", scale=(2, 1.5))):
         back = tf.from_torch(tf.to_torch(layer))
         assert type(back) is type(layer) and repr(back) == repr(layer), (layer, back)
+
+
+# --- per-sample normalisations ----------------------------------------------------------------
+
+def _randomise_norm(m, seed=4):
+    """Every parameter and running statistic of ``m`` off its ones and zeros (variances positive)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in [*m.named_parameters(), *m.named_buffers()]:
+            if name.endswith("num_batches_tracked"):
+                t.fill_(3)
+            elif name.endswith("running_var"):
+                t.copy_(torch.rand(t.shape, generator=g) + 0.5)
+            else:
+                t.copy_(torch.randn(t.shape, generator=g))
+    return m
+
+
+#: (torch module, input shape): every option the per-sample normalisations convert
+NORM_MODULES = [
+    (lambda: nn.LayerNorm((5, 6)), (2, 4, 5, 6)),
+    (lambda: nn.LayerNorm(6, eps=1e-3, bias=False), (3, 4, 6)),
+    (lambda: nn.LayerNorm((4, 5, 6), elementwise_affine=False), (2, 4, 5, 6)),
+    (lambda: nn.GroupNorm(2, 4), (2, 4, 5, 6)),
+    (lambda: nn.GroupNorm(4, 4, eps=1e-3, affine=False), (2, 4, 7)),
+    (lambda: nn.InstanceNorm1d(4, affine=True), (3, 4, 7)),
+    (lambda: nn.InstanceNorm2d(4, affine=True, track_running_stats=True, momentum=0.3), (3, 4, 5, 6)),
+    (lambda: nn.InstanceNorm2d(4, affine=True, track_running_stats=True, momentum=0.3).eval(), (3, 4, 5, 6)),
+    (lambda: nn.InstanceNorm3d(4, track_running_stats=True), (2, 4, 3, 2, 3)),
+    (lambda: nn.InstanceNorm2d(4), (2, 4, 5, 6)),
+    (lambda: nn.RMSNorm(6), (3, 4, 6)),
+    (lambda: nn.RMSNorm((5, 6), eps=1e-4), (2, 4, 5, 6)),
+    (lambda: nn.RMSNorm(6, elementwise_affine=False), (3, 6)),
+]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("case", range(len(NORM_MODULES)),
+                         ids=[f"{make().__class__.__name__}-{i}" for i, (make, _) in enumerate(NORM_MODULES)])
+def test_normalisation_modules_match_torch(case, dev):
+    """nn.LayerNorm, GroupNorm, InstanceNorm1d/2d/3d and RMSNorm become triflux's
+    layers: torch's outputs, gradients (parameters and input) and, in training
+    mode, moved running statistics on each device; to_torch gives the module back."""
+    make, shape = NORM_MODULES[case]
+    m = _randomise_norm(make())
+    x = _x(*shape) * 2 + 0.5
+    model = _compare(m, x, dev)
+    kind = {nn.LayerNorm: tf.LayerNorm, nn.GroupNorm: tf.GroupNorm, nn.RMSNorm: tf.RMSNorm}.get(type(m),
+                                                                                                tf.InstanceNorm)
+    assert type(model) is kind
+    back = tf.to_torch(tf.from_torch(m))
+    assert type(back) is type(m) and back.training == m.training and repr(back) == repr(m)
+    a, b = m.state_dict(), back.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_normalisation_round_trip_keeps_state_dict_modes_and_dtype():
+    """A model of them (trained a step, then in eval mode; float64) comes back with torch's classes,
+    state_dict (num_batches_tracked included), modes and outputs; a triflux model of them as well."""
+    torch.manual_seed(5)
+    m = nn.Sequential(nn.Conv1d(2, 4, 3), nn.LayerNorm(5), nn.GroupNorm(2, 4), nn.ReLU(),
+                      nn.InstanceNorm1d(4, affine=True, track_running_stats=True), nn.RMSNorm((4, 5)),
+                      nn.InstanceNorm1d(4)).double()
+    x = torch.from_numpy(_x(3, 2, 7).astype(np.float64))
+    m.train()(x)                                           # moves the running statistics and num_batches_tracked
+    m.eval()
+    model = tf.from_torch(m)
+    assert model[4].weight.dtype == np.float64 and model[4].active is False and model[4].track_stats
+    back = tf.to_torch(model)
+    assert [type(x) for x in m.modules()] == [type(x) for x in back.modules()]
+    a, b = m.state_dict(), back.state_dict()
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    assert not any(x.training for x in back.modules())
+    with torch.no_grad():
+        assert torch.equal(m(x), back(x))
+    np.testing.assert_allclose(model(x.numpy()).numpy(), m(x).detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_to_torch_of_triflux_normalisations_matches(dev):
+    """Triflux's layers with their activations go to torch as (module, activation); an InstanceNorm's
+    class follows the rank of the layer before it (1d after a Conv((3,)), 3d after a 3-d Conv, else 2d)."""
+    tf.seed(6)
+    d = device(dev)
+    model = tf.Chain(tf.Conv((3, 3), 2, 4, pad=1), tf.LayerNorm((5, 6), tf.relu, bias=False, eps=1e-3),
+                     tf.GroupNorm(4, 2, tf.tanh), tf.InstanceNorm(4, tf.sigmoid, affine=True, track_stats=True),
+                     tf.RMSNorm(6, eps=1e-6), tf.InstanceNorm(4), tf.LayerNorm(6, affine=False))
+    for layer in model.layers[1:]:
+        for name in ("weight", "bias", "running_mean"):
+            if getattr(layer, name, None) is not None:
+                setattr(layer, name, tf.rand(*getattr(layer, name).shape) + 0.5)
+    tf.testmode(model)
+    model = d(model)
+    t = tf.to_torch(model)
+    assert [type(x) for x in t[1]] == [nn.LayerNorm, nn.ReLU] and t[1][0].bias is None
+    assert [type(x) for x in t[3]] == [nn.InstanceNorm2d, nn.Sigmoid] and not t[3][0].training
+    assert type(t[4]) is nn.RMSNorm and t[4].eps == 1e-6 and type(t[6]) is nn.LayerNorm
+    x = _x(2, 2, 5, 6)
+    with torch.no_grad():
+        want = t(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(model(d(x)).numpy(), want, rtol=1e-5, atol=1e-5)
+    back = tf.from_torch(t)
+    np.testing.assert_allclose(back(x).numpy(), want, rtol=1e-5, atol=1e-5)
+    for conv, cls in ((tf.Conv((3,), 2, 4), nn.InstanceNorm1d), (tf.Conv((1, 1, 1), 2, 4), nn.InstanceNorm3d),
+                      (tf.Dense(2, 4), nn.InstanceNorm1d)):
+        assert type(tf.to_torch(tf.Chain(conv, tf.InstanceNorm(4)))[1]) is cls
+    assert type(tf.to_torch(tf.InstanceNorm(4))) is nn.InstanceNorm2d
+
+
+@pytest.mark.parametrize("module, pattern", [
+    (nn.InstanceNorm2d(2, track_running_stats=True, momentum=None),
+     r"model \(torch\.nn\.InstanceNorm2d\): momentum=None \(a cumulative average\) is not supported by triflux; "
+     r"give a number, e.g. momentum=0.1"),
+    (nn.Sequential(nn.GroupNorm(2, 4, bias=False)),
+     r"model\.0 \(torch\.nn\.GroupNorm\): affine=True with bias=False .*; use bias=True, or affine=False"),
+    (nn.InstanceNorm1d(2, affine=True, bias=False), r"affine=True with bias=False"),
+])
+def test_unsupported_normalisation_options_are_named(module, pattern):
+    with pytest.raises(tf.InteropError, match=pattern):
+        tf.from_torch(module)

@@ -158,3 +158,51 @@ def test_layer_entry_device_check_names_layer_devices_and_fix(monkeypatch, case,
     # the fix works
     fixed = (gpu if pdev == gpu else cpu)(data) if not isinstance(data, np.ndarray) else gpu(data)
     assert model(fixed).device == pdev
+
+
+# --- the per-sample normalisations: exported, their functions in triflux.ops -----------------------
+
+def _primitives_of(f, x):
+    """Names of the primitives the tape records for ``f(x)``."""
+    from triflux import tape as tapes
+    tape = tapes.Tape([x])
+    outer, tapes.TAPE = tapes.TAPE, tape
+    try:
+        y = f(x)
+    finally:
+        tapes.TAPE = outer
+    return y, [prim.name for prim, *_ in tape.nodes]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_normalisations_are_exported_and_their_functions_are_in_ops(dev):
+    from triflux import normalisation
+    from triflux.errors import ArgumentError
+    for name in ("LayerNorm", "GroupNorm", "InstanceNorm", "RMSNorm"):
+        assert name in tf.layers.__all__ and getattr(tf, name) is getattr(tf.layers, name)
+    for name in ("layer_norm", "rms_norm", "group_norm", "instance_norm"):
+        assert getattr(tf.ops, name) is getattr(normalisation, name)
+    d = device(dev)
+    x = d(np.random.default_rng(1).standard_normal((2, 3, 5)).astype(np.float32))
+    plain = tf.ops.layer_norm(x, 5).numpy()
+
+    def relu(t):   # the user's own function, a lookalike of triflux's relu: applied after, not fused
+        return tf.relu(t)
+
+    # triflux's own relu, sigmoid, tanh (function or name) run in the normalisation's kernels; others after it
+    for act, n in ((tf.relu, 1), ("relu", 1), (tf.sigmoid, 1), (relu, 2), (tf.gelu, 2)):
+        y, names = _primitives_of(lambda t: tf.ops.layer_norm(t, 5, activation=act), x)
+        assert names[0] == "layernorm" and len(names) == n, (act, names)
+        want = tf.sigmoid(tf.tensor(plain)) if act is tf.sigmoid else \
+            tf.gelu(tf.tensor(plain)) if act is tf.gelu else tf.relu(tf.tensor(plain))
+        np.testing.assert_allclose(y.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ArgumentError, match=r"activation 'gelu' is not one .*pass the function instead "
+                                            r"\(activation=triflux\.gelu\)"):
+        tf.ops.group_norm(x, 3, activation="gelu")
+    # instance_norm with the running statistics (batch norm's test mode), launched from triflux.normalisation
+    mean, var = np.array([0.5, -1, 2], np.float32), np.array([1, 2, 0.5], np.float32)
+    w, b = np.array([1, -2, 3], np.float32), np.array([0, 1, -1], np.float32)
+    y = tf.ops.instance_norm(x, d(mean), d(var), d(w), d(b), use_input_stats=False, eps=1e-3, activation=tf.tanh)
+    c = (slice(None), None)
+    want = np.tanh((x.numpy() - mean[c]) / np.sqrt(var[c] + 1e-3) * w[c] + b[c])
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-6)

@@ -60,7 +60,38 @@ def _models():
     unet3d = models.UNet(1, 2, depth=1, base_channels=2, spatial_dims=3)
     return [(img, tf.randn(2, 2, 7, 7)), (trainmode_dropout, None), (seq, tf.randn(2, 3, 3)),
             (cells, tf.randn(2, 3)), (low, tf.bf16(tf.randn(2, 3))), (unet, tf.randn(1, 3, 8, 8)),
-            (spatial, tf.randn(2, 2, 6)), (volume, tf.randn(1, 1, 2, 3, 2)), (unet3d, tf.randn(1, 1, 2, 4, 2))]
+            (spatial, tf.randn(2, 2, 6)), (volume, tf.randn(1, 1, 2, 3, 2)), (unet3d, tf.randn(1, 1, 2, 4, 2)),
+            (_norm_model(), tf.randn(2, 4, 5, 6)),
+            (tf.Chain(tf.Embedding(5, 3, padding_idx=0, scale_grad_by_freq=True), tf.Dense(3, 2)), _TOKENS),
+            (tf.EmbeddingBag(6, 4, "max", padding_idx=2), _TOKENS)]
+
+
+#: (N, L) int64 indices for the embeddings (below 5)
+_TOKENS = tf.tensor(np.array([[1, 0, 4], [4, 4, 2]], dtype=np.int64))
+
+
+def _norm_model():
+    """The per-sample normalisations with their options off the defaults: (N, 4, 5, 6) input."""
+    norms = tf.Chain(
+        tf.LayerNorm((5, 6), tf.relu, bias=False, eps=1e-3),
+        tf.GroupNorm(4, 2, tf.tanh, eps=1e-4),
+        tf.InstanceNorm(4, tf.sigmoid, affine=True, track_stats=True, eps=1e-4, momentum=0.3),
+        tf.InstanceNorm(4, track_stats=True),
+        tf.InstanceNorm(4, affine=True),
+        tf.LayerNorm(6, affine=False),
+        tf.GroupNorm(4, 4, affine=False),
+        tf.RMSNorm((5, 6), eps=1e-6),
+        tf.RMSNorm(6, affine=False),
+    )
+    for layer in norms.layers:                       # parameters off their ones and zeros
+        for name in ("weight", "bias"):
+            if getattr(layer, name, None) is not None:
+                setattr(layer, name, tf.randn(*getattr(layer, name).shape))
+    tf.trainmode(norms)
+    norms(tf.randn(3, 4, 5, 6))                      # moves the running statistics away from 0 and 1
+    tf.trainmode(norms, None)
+    tf.testmode(norms[3])                            # one pinned to test mode, the other automatic
+    return norms
 
 
 #: the model whose outputs are compared on the interpreter's CUDA device too (the others' arrays are)

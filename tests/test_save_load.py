@@ -165,6 +165,59 @@ def test_saved_on_the_gpu_loads_where_there_is_no_gpu(tmp_path):
     assert r.returncode == 0 and "OK CPUDevice" in r.stdout, r.stderr[-3000:]
 
 
+def _norms(seed, d=None):
+    """The per-sample normalisations, with running statistics and absent parameters: (N, 4, 5, 6) input."""
+    tf.seed(seed)
+    m = tf.Chain(tf.LayerNorm((5, 6), tf.relu, bias=False), tf.GroupNorm(4, 2, eps=1e-4),
+                 tf.InstanceNorm(4, affine=True, track_stats=True, momentum=0.3), tf.InstanceNorm(4),
+                 tf.RMSNorm(6, eps=1e-6), tf.LayerNorm(6, affine=False))
+    for layer in m.layers:
+        for name in ("weight", "bias"):
+            if getattr(layer, name, None) is not None:
+                setattr(layer, name, tf.randn(*getattr(layer, name).shape))
+    return m if d is None else d(m)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_normalisation_layers_and_their_running_statistics_roundtrip(tmp_path, dev):
+    """LayerNorm, GroupNorm, InstanceNorm (running statistics moved by a training step) and RMSNorm:
+    save -> load -> loadmodel gives the same arrays bit for bit (nothing where a layer has no bias),
+    the same outputs and the same optimiser state; a model built otherwise is refused by name."""
+    d = device(dev)
+    m = _norms(0, d)
+    opt = setup(Adam(0.01), m)
+    x = tf.randn(3, 4, 5, 6, device=d)
+    (g,) = tf.gradient(lambda mm: (mm(x) ** 2).sum(), m)       # moves InstanceNorm's running statistics
+    update(opt, m, g)
+    assert not np.array_equal(m[2].running_mean.numpy(), np.zeros(4, np.float32))
+    ck = tf.load(tf.save(tmp_path / "norms.safetensors", {"model": m, "opt": opt}))
+    assert set(ck["model"]["layers"][0]) == {"weight"} and set(ck["model"]["layers"][3]) == set()   # no None arrays
+    assert set(ck["model"]["layers"][2]) == {"weight", "bias", "running_mean", "running_var"}
+    m2 = _norms(1)
+    opt2 = setup(Adam(), m2)
+    loadmodel(m2, ck["model"])
+    loadmodel(opt2, ck["opt"])
+    _assert_same(state(m2), state(m))
+    np.testing.assert_array_equal(m2[2].running_var.numpy(), m[2].running_var.numpy())
+    assert repr(m2) == repr(m)
+    assert opt2["layers"][2]["running_mean"] is None                 # not trained: no optimiser state
+    np.testing.assert_array_equal(opt2["layers"][2]["weight"].state[1].numpy(),
+                                  opt["layers"][2]["weight"].state[1].numpy())
+    tf.testmode(m)
+    tf.testmode(m2)
+    np.testing.assert_array_equal(d(m2)(x).numpy(), m(x).numpy())
+    other = tf.Chain(tf.LayerNorm((5, 6), tf.relu), tf.GroupNorm(4, 2), tf.InstanceNorm(4, affine=True),
+                     tf.InstanceNorm(4), tf.RMSNorm(6), tf.LayerNorm(6, affine=False))
+    with pytest.raises(tf.StructureError) as e:
+        loadmodel(other, ck["model"])
+    for where, what in (("layers[0]", "`bias` is True in the model, False in the state"),
+                        ("layers[1]", "`eps` is 1e-05 in the model, 0.0001 in the state"),
+                        ("layers[2]", "`track_stats` is False in the model, True in the state; `momentum` is 0.1"),
+                        ("layers[4]", "`eps` is None in the model, 1e-06 in the state")):
+        assert f"`{where}`: the model's {type(other[int(where[7])]).__name__} differs from the one saved: {what}" \
+            in str(e.value), str(e.value)
+
+
 # --- atomic writes ---------------------------------------------------------------------------------
 
 def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):

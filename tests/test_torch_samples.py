@@ -72,7 +72,11 @@ def _leaves(sample):
 
 def _np(t):
     from triflux.testing import to_numpy
-    return to_numpy(t.detach())
+    import torch
+    t = t.detach()
+    if t.layout != torch.strided:              # a sparse gradient (embedding's sparse=True): its dense values
+        t = t.to_dense()
+    return to_numpy(t)
 
 
 def _first(y):
@@ -180,8 +184,15 @@ def test_torch_sample_inputs(name, variant, dtype, dev):
                                       if floating else g)
         except Exception:
             y_low, g_low = None, {}
-        _, g64 = _run_torch(op, sample, [a.astype(np.float64) if i in floating else a for i, a in enumerate(arrays)],
-                            float_idx, g)
+        try:
+            _, g64 = _run_torch(op, sample, [a.astype(np.float64) if i in floating else a
+                                             for i, a in enumerate(arrays)], float_idx, g)
+        except RuntimeError as e:
+            # torch has no backward for a few samples (embedding: scale_grad_by_freq with sparse=True);
+            # any other refusal is a failure of the harness, not a pass
+            if not (sample.kwargs.get("sparse") and sample.kwargs.get("scale_grad_by_freq")):
+                raise
+            g64 = {}
         try:
             y, grads = _run_triflux(fn, sample, arrays, float_idx, g, d)
         except torch_samples.Unsupported as e:
@@ -194,6 +205,9 @@ def test_torch_sample_inputs(name, variant, dtype, dev):
         out_dtype = tol.coarsest(dtype) if tfd.is_floating(np.asarray(y).dtype) else None
         # float64: two independent float64 implementations, as the reference-vs-torch checks
         rtol = tol.TORCH_F64_RTOL if dtype == "float64" else None
+        # gradients that cancel by design: floors from the size of their terms (torch_samples.FLOAT64_FLOORS)
+        floors_of = torch_samples.FLOAT64_FLOORS.get((name, variant)) if dtype == "float64" else None
+        floors = floors_of(sample, arrays, g) if floors_of else None
         try:
             tol.assert_close(y, y64, out_dtype or dtype, what=f"{what}: forward", ratio_reference=y_low, rtol=rtol,
                              k=max([1] + [a.size for a in arrays]))
@@ -202,7 +216,8 @@ def test_torch_sample_inputs(name, variant, dtype, dev):
                     continue
                 assert gi is not None, f"{what}: no gradient for input {i}"
                 tol.assert_close(gi, g64[i], dtype, what=f"{what}: gradient of input {i}",
-                                 ratio_reference=g_low.get(i), rtol=rtol, k=max([1] + [a.size for a in arrays] + [g.size]))
+                                 ratio_reference=g_low.get(i), rtol=rtol, k=max([1] + [a.size for a in arrays] + [g.size]),
+                                 scale=floors.get(i) if floors else None)
         except AssertionError as e:
             failures.append(str(e).split("\n")[0])
     assert not failures, f"{len(failures)} of {ran + len(failures)} samples fail:\n" + "\n".join(failures[:20])

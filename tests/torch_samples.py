@@ -349,3 +349,215 @@ TRANSLATIONS = {
     ("minimum", ""): binary(tf.minimum),
     ("where", ""): where,
 }
+
+
+# --- per-sample normalisation (triflux/normalisation.py: family layernorm) --------------------------
+
+def _normalisation():
+    from triflux import normalisation
+    return normalisation
+
+
+def _sizes(shape):
+    """torch's normalized_shape (an int, a list, a tuple or a torch.Size) as a tuple of ints."""
+    return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return _normalisation().layer_norm(input, _sizes(normalized_shape), weight, bias, eps)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    return _normalisation().rms_norm(input, _sizes(normalized_shape), weight, eps)
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    return _normalisation().group_norm(input, num_groups, weight, bias, eps)
+
+
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-5):
+    return _normalisation().instance_norm(input, running_mean, running_var, weight, bias, use_input_stats,
+                                          momentum, eps)
+
+
+NO_GRAD[("nn.functional.instance_norm", "")] = {1, 2}       # the running statistics, when the sample has them
+def _in_float32(fn, low, *args, **kwargs):
+    """fn on float32 copies of the floating Tensors among args/kwargs, its result back in ``low``."""
+    def up(x):
+        return x.astype(np.float32) if isinstance(x, tf.Tensor) and x.dtype.kind in "fV" else x
+    return fn(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()}).astype(low)
+
+
+TRANSLATIONS.update({
+    ("nn.functional.layer_norm", ""): layer_norm,
+    ("nn.functional.rms_norm", ""): rms_norm,
+    ("nn.functional.group_norm", ""): group_norm,
+    ("nn.functional.instance_norm", ""): instance_norm,
+})
+
+
+def _normalisation_floors(primitive):
+    """A FLOAT64_FLOORS entry: per tensor leaf of a sample, the size of the
+    terms its float64 gradient adds up (triflux.testing.layernorm.term_sizes)."""
+    def floors(sample, arrays, g):
+        from triflux.testing.layernorm import term_sizes
+        x, rest = arrays[0], list(arrays[1:])
+        eps = sample.kwargs.get("eps", 1e-5)
+        if primitive == "instancenorm_train":
+            running = 2 if sample.kwargs.get("running_mean") is not None else 0
+            params = rest[running:]
+            if len(params) == 1:                                 # a weight without a bias
+                params = params + [np.zeros_like(params[0])]
+            found = term_sizes(primitive, "backward", [x] + params, {"affine": bool(params), "eps": eps}, g, g,
+                               centring=True)
+            return dict(zip([0] + [1 + running + i for i in range(len(rest) - running)], found))
+        if primitive == "groupnorm":
+            attrs = {"groups": int(sample.args[0]), "eps": eps}
+        else:
+            attrs = {"normalised_ndim": len(_sizes(sample.args[0])), "eps": eps}
+            if primitive == "rmsnorm" and sample.kwargs.get("eps") is None:
+                attrs["eps"] = float(np.finfo(np.float64).eps)
+        return dict(enumerate(term_sizes(primitive, "backward", [x] + rest, attrs, g, g, centring=True)))
+    return floors
+
+
+#: (name, variant) -> floors(sample, arrays, g): {leaf index: the size of the terms of its float64
+#: gradient}, for operators whose gradients cancel by design (a normalised row of one or two values
+#: has dx of 0 or nearly: torch's float64 roundoff there, 1e-16 of the terms, is not 1e-10 of the result)
+FLOAT64_FLOORS = {
+    ("nn.functional.layer_norm", ""): _normalisation_floors("layernorm"),
+    ("nn.functional.rms_norm", ""): _normalisation_floors("rmsnorm"),
+    ("nn.functional.group_norm", ""): _normalisation_floors("groupnorm"),
+    ("nn.functional.instance_norm", ""): _normalisation_floors("instancenorm_train"),
+}
+
+
+# --- gather, scatter, embeddings (the gather family: triflux/embedding.py) ------------------------------
+# torch's gather, scatter_add and scatter_reduce index elementwise along a dim: element (i_0, .., i_n) of
+# index names input[i_0, .., index[i], .., i_n]. That is triflux's coordinate form with one coordinate
+# per axis: the index's own position on every other axis, its value on dim (built here on the host from
+# the index's values: test code). scatter_reduce's include_self combines the input with the scatter of
+# src (NNlib's initial values where no index lands) elementwise; index_select is a gather of rows along
+# dim (dim moved to the front and back).
+
+def _gather_family():
+    from triflux import embedding as module
+    return module
+
+
+def _along(dim, index, device, ndim=None):
+    """torch's elementwise ``index`` along ``dim`` as coordinates (*index.shape, ndim), int64 (an empty
+    index may have another rank than the input, as torch allows)."""
+    idx = index.numpy().astype(np.int64)
+    if idx.size == 0:
+        return tf.tensor(np.zeros(idx.shape + (ndim or idx.ndim,), np.int64), device=device)
+    grids = np.indices(idx.shape, dtype=np.int64)
+    grids[dim] = idx
+    return tf.tensor(np.stack(list(grids), axis=-1).reshape(idx.shape + (idx.ndim,)), device=device)
+
+
+def _as_1d(*tensors):
+    """0-d tensors as (1,) ones (torch lets dim 0 index a 0-d tensor)."""
+    return [tf.reshape(t, (1,)) if t.ndim == 0 else t for t in tensors]
+
+
+def _head(src, shape):
+    """src's leading block of ``shape`` (torch's scatter reads src only where index has elements)."""
+    if tuple(src.shape) == tuple(shape):
+        return src
+    return src[tuple(slice(0, n) for n in shape)]
+
+
+def gather_along(input, dim, index, *, sparse_grad=False):
+    """torch.gather: out[i] = input[i with index[i] on dim], out of index's shape."""
+    shape = index.shape
+    x, = _as_1d(input)
+    if index.ndim == 0:
+        index = tf.reshape(index, (1,))
+    dim = dim % x.ndim
+    out = _gather_family().gather(x, _along(dim, index, x.device, x.ndim), coords=True)
+    return tf.reshape(out, shape)
+
+
+def index_select(input, dim, index):
+    """torch.index_select: rows of input along dim (a gather along axis 0 with dim moved first)."""
+    if input.ndim == 0:
+        return tf.reshape(_gather_family().gather(tf.reshape(input, (1,)), index), ())
+    dim = dim % input.ndim
+    order = [dim] + [a for a in range(input.ndim) if a != dim]
+    picked = _gather_family().gather(tf.ops.transpose(input, tuple(order)), index)
+    return tf.ops.transpose(picked, tuple(int(a) for a in np.argsort(order)))
+
+
+def _scattered(op, input, dim, index, src):
+    """(the scatter of src's block by index along dim into input's shape, how many entries land on each element)."""
+    shape = input.shape
+    x, idx, s = _as_1d(input, index, src)
+    dim = dim % x.ndim
+    coords = _along(dim, idx, x.device, x.ndim)
+    part = _head(s, idx.shape)
+    out = _gather_family().scatter(op, part, coords, tuple(x.shape), coords=True)
+    counts = np.zeros(x.shape, np.int64)
+    np.add.at(counts, tuple(coords.numpy().reshape(-1, x.ndim).T), 1)
+    return x, tf.reshape(out, x.shape), counts, shape
+
+
+def scatter_add(input, dim, index, src):
+    x, added, _, shape = _scattered("add", input, dim, index, src)
+    return tf.reshape(x + added, shape)
+
+
+#: torch's scatter_reduce names -> NNlib's ops
+_REDUCE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min", "mean": "mean"}
+
+
+def scatter_reduce(input, dim, index, src, reduce, *, include_self=True):
+    """torch.scatter_reduce: the input combined with (include_self) or replaced by (not) the reduction of
+    the src elements that land on each element; elements nothing lands on keep the input."""
+    op = _REDUCE[reduce]
+    x, reduced, counts, shape = _scattered(op, input, dim, index, src)
+    touched = tf.tensor(counts > 0, device=x.device)
+    if include_self:
+        if op == "mean":
+            _, total, _, _ = _scattered("add", input, dim, index, src)
+            out = (x + total) / tf.tensor((counts + 1).astype(np.float64), dtype=x.dtype, device=x.device)
+        else:
+            out = {"add": tf.ops.add, "mul": tf.ops.mul, "max": tf.ops.maximum, "min": tf.ops.minimum}[op](x, reduced)
+    else:
+        out = tf.where(touched, reduced, x)
+    return tf.reshape(out, shape)
+
+
+def embedding(weight, idx, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+              sparse=False):
+    if max_norm is not None:
+        raise Unsupported("max_norm (torch renormalises the weight in place; Flux's Embedding has none)")
+    return _gather_family().embedding(idx, weight, padding_idx=padding_idx, scale_grad_by_freq=scale_grad_by_freq,
+                                      sparse=sparse)
+
+
+def embedding_bag(weight, idx, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False, mode="mean",
+                  sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
+    if max_norm is not None:
+        raise Unsupported("max_norm (torch renormalises the weight in place; Flux's EmbeddingBag has none)")
+    return _gather_family().embedding_bag(idx, weight, offsets, scale_grad_by_freq=scale_grad_by_freq, mode=mode,
+                                          sparse=sparse, per_sample_weights=per_sample_weights,
+                                          include_last_offset=include_last_offset, padding_idx=padding_idx)
+
+
+def _in_float32(fn, low, *args, **kwargs):
+    """fn on float32 copies of the floating Tensors among args/kwargs, its result back in ``low``."""
+    def up(x):
+        return x.astype(np.float32) if isinstance(x, tf.Tensor) and x.dtype.kind in "fV" else x
+    return fn(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()}).astype(low)
+
+
+TRANSLATIONS.update({
+    ("gather", ""): gather_along,
+    ("index_select", ""): index_select,
+    ("scatter_add", ""): scatter_add,
+    **{("scatter_reduce", reduce): scatter_reduce for reduce in _REDUCE},
+    ("nn.functional.embedding", ""): embedding,
+    ("nn.functional.embedding_bag", ""): embedding_bag,
+})

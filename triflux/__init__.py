@@ -17,7 +17,8 @@ from .version import __version__  # noqa: E402
 from . import dtypes  # noqa: E402
 from .errors import (TrifluxError, DeviceMismatchError, NoGPUError, BackendNotSupportedError,  # noqa: E402
                      DTypeError, ShapeError, OutOfMemoryError, NonFiniteError, StructureError,
-                     GradientError, CheckpointError, InteropError, DistributedError, ArgumentError)
+                     GradientError, CheckpointError, InteropError, DistributedError, ArgumentError,
+                     IndexRangeError)
 from .dtypes import float16, float32, float64, int32, int64, bool_  # noqa: E402
 from .devices import (CPUDevice, CUDADevice, AMDGPUDevice, MetalDevice, Device,  # noqa: E402
                       gpu_device, cpu_device, supported_devices, functional, devices, reclaim)

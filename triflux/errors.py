@@ -59,6 +59,12 @@ class CheckpointError(TrifluxError, ValueError):
     or another format), or an object ``save`` cannot store."""
 
 
+class IndexRangeError(TrifluxError, IndexError):
+    """An index outside the table it addresses (a token outside the
+    vocabulary, a row past the end): the message names the valid range.
+    Also an ``IndexError``, as Python's own."""
+
+
 class InteropError(TrifluxError, ValueError):
     """A module, layer or array that ``from_torch``/``to_torch``/DLPack cannot
     translate (the message names where it is and what is supported)."""

@@ -42,8 +42,9 @@ from .errors import CheckpointError
 from .functor import children, is_layer, path_join
 from .interop import Activation
 from .layers import (GRU, LSTM, RNN, AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose,
-                     CrossCor, DepthwiseConv, Dense, Dropout, GlobalMaxPool, GlobalMeanPool, GRUCell, LSTMCell,
-                     MaxPool, MeanPool, Parallel, PixelShuffle, RNNCell, SkipConnection, Upsample, flatten)
+                     CrossCor, DepthwiseConv, Dense, Dropout, Embedding, EmbeddingBag, GlobalMaxPool,
+                     GlobalMeanPool, GroupNorm, GRUCell, InstanceNorm, LayerNorm, LSTMCell, MaxPool, MeanPool, Parallel, PixelShuffle, RMSNorm, RNNCell,
+                     SkipConnection, Upsample, flatten)
 from .show import fname
 from .tensor import Tensor, tensor
 
@@ -96,6 +97,18 @@ CONSTRUCTOR_ARGUMENTS = {
                                    "groups": l.groups, "bias": _bias(l)}),
     BatchNorm: lambda l: ((), {"channels": l.weight.shape[0], "activation": l.activation, "eps": l.eps,
                                "momentum": l.momentum}),
+    LayerNorm: lambda l: ((), {"size": l.size, "activation": l.activation, "affine": l.affine, "bias": _bias(l),
+                               "eps": l.eps}),
+    GroupNorm: lambda l: ((), {"channels": l.channels, "groups": l.groups, "activation": l.activation,
+                               "affine": l.affine, "eps": l.eps}),
+    InstanceNorm: lambda l: ((), {"channels": l.channels, "activation": l.activation, "affine": l.affine,
+                                  "track_stats": l.track_stats, "eps": l.eps, "momentum": l.momentum}),
+    RMSNorm: lambda l: ((), {"size": l.size, "eps": l.eps, "affine": l.affine}),
+    Embedding: lambda l: ((), {"vocab_size": l.vocab_size, "dim": l.dim, "padding_idx": l.padding_idx,
+                               "scale_grad_by_freq": l.scale_grad_by_freq}),
+    EmbeddingBag: lambda l: ((), {"vocab_size": l.vocab_size, "dim": l.dim, "mode": l.mode,
+                                  "padding_idx": l.padding_idx, "include_last_offset": l.include_last_offset,
+                                  "scale_grad_by_freq": l.scale_grad_by_freq}),
     Dropout: lambda l: ((), {"p": l.p}),
     MaxPool: lambda l: ((), {"window": l.window, "stride": l.stride, "pad": l.pad, "dilation": l.dilation,
                              "ceil_mode": l.ceil_mode}),

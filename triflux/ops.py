@@ -477,3 +477,7 @@ Tensor.exp, Tensor.log, Tensor.sqrt, Tensor.tanh = exp, log, sqrt, tanh
 # triflux/spatial.py builds on the helpers above
 from .spatial import *  # noqa: E402,F401,F403
 from .spatial import adaptive_size  # noqa: E402,F401
+# the per-sample normalisations (layer_norm, rms_norm, group_norm, instance_norm): triflux/normalisation.py
+from .normalisation import *  # noqa: E402,F401,F403
+# gather, scatter and the embeddings (rows of a table by integer indices): triflux/embedding.py
+from .embedding import embedding, embedding_bag, gather, scatter  # noqa: E402,F401

@@ -174,6 +174,38 @@ register("batchnorm_test", "norm", accumulates=True, flops=_NORM, fusable_activa
          doc="inputs: x, gamma, beta, mean (C,), var (C,); attrs: eps, activation (as batchnorm_train's). "
              "Uses the given (running) statistics; no gradient for mean and var")
 
+# --- per-sample normalisation (family layernorm): statistics per sample, not per batch ---------------
+# Each sample's rows (its trailing axes, or its groups of channels) get their own mean and biased
+# variance; optional inputs are trailing (no weight = torch's weight=None, Flux's affine=false).
+# The parameter gradients are sums over the rows: per-program partial sums, then an ordered second pass.
+_SAMPLE_NORM = PerElement(8, 12)     # statistics, normalisation, scale and shift; their gradients
+register("layernorm", "layernorm", accumulates=True, flops=_SAMPLE_NORM, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
+         doc="inputs: x (*batch, *normalised), optional weight and bias (shape: normalised); attrs: "
+             "normalised_ndim (the trailing axes normalised together), eps, activation (one of "
+             "fusable_activations, applied in the same kernel). y = act((x - mean) / sqrt(var + eps) * weight "
+             "+ bias), mean and biased variance over each sample's trailing axes (torch's layer_norm)")
+register("rmsnorm", "layernorm", accumulates=True, flops=PerElement(5, 8),
+         doc="inputs: x (*batch, *normalised), optional weight (shape: normalised); attrs: normalised_ndim, eps "
+             "(None: the machine epsilon of the compute type, as torch). y = x / sqrt(mean(x^2) + eps) * weight "
+             "(torch's rms_norm)")
+register("groupnorm", "layernorm", accumulates=True, flops=_SAMPLE_NORM, fusable_activations=ACTIVATIONS_FROM_OUTPUT,
+         doc="inputs: x (N, C, *spatial), optional weight (C,) and bias (C,); attrs: groups (dividing C), eps, "
+             "activation. Statistics per sample and group of C/groups consecutive channels (torch's group_norm; "
+             "groups = C is instance norm)")
+register("instancenorm_train", "layernorm", accumulates=True, flops=_SAMPLE_NORM,
+         fusable_activations=ACTIVATIONS_FROM_OUTPUT,
+         doc="inputs: x (N, C, *spatial), then weight (C,) and bias (C,) when affine, then optionally "
+             "running_mean (C,) and running_var (C,), then optionally moved_mean (C,) and moved_var (C,); attrs: "
+             "affine, eps, momentum, activation. Normalises each sample's channel with its own statistics "
+             "(groupnorm with groups = C) and, given the running statistics, moves them in the same launches "
+             "as instancenorm_running_update does: in place, or into the moved ones (kept aside until a training "
+             "step succeeds); no gradient for any of them")
+register("instancenorm_running_update", "layernorm", differentiable=False, accumulates=True, flops=_SAMPLE_NORM,
+         mutates=(1, 2),
+         doc="inputs: x (N, C, *spatial), running_mean (C,), running_var (C,); attrs: momentum. In place: running = "
+             "(1 - momentum) * running + momentum * the batch's average of each sample's channel mean (unbiased "
+             "variance), as torch's InstanceNorm(track_running_stats=True)")
+
 # --- dropout ---------------------------------------------------------------------------------
 register("dropout", "dropout", accumulates=False, random=True, flops=PerElement(2, 2),
          doc="attrs: p, seed. y = x * mask / (1 - p), the mask drawn on the device from the seed (the "
@@ -190,3 +222,28 @@ register("lstm_sequence", "rnn", accumulates=True, flops="recurrent_flops", part
 register("gru_sequence", "rnn", accumulates=True, flops="recurrent_flops", partial_backward=True,
          doc="inputs: x (N, L, in), h0 (N, H), w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,); gates r, z, n "
              "(b_hn inside the reset gate's product, as torch). y (N, L, H) = every hidden state h_t.")
+
+# --- gather, scatter, embeddings: rows of a table moved by integer indices (NNlib's gather/scatter,
+# torch's embedding/embedding_bag); the table, the index forms and the checks: triflux/specs/gather.py.
+# Indices (int32/int64) get no gradient (None); repeated indices are reduced deterministically (a
+# stable sort by row, then each row's entries in order: no atomics).
+_INDEXED = ("idx: int32/int64, 0-based; coords=False: one row (axis 0) per entry, idx of any shape K; "
+            "coords=True: idx (*K, M), M coordinates per entry into the first M axes. ")
+register("gather", "gather", accumulates=True, multilinear_forward=True, multilinear_backward=True,
+         flops="gather_flops",
+         doc="inputs: src, idx; attrs: coords. y[k] = src[idx[k]], shape K + src.shape[M:] (NNlib's gather, "
+             "row-major). " + _INDEXED + "The backward adds each y gradient into its row of src.")
+register("scatter", "gather", accumulates=True, flops="gather_flops",
+         doc="inputs: src (K + row shape), idx; attrs: op ('add' | 'mul' | 'max' | 'min' | 'mean'), dstsize, "
+             "coords. y (dstsize)[r] = op over the entries k with idx[k] = r of src[k]; rows no entry reaches hold "
+             "NNlib's initial value (0, 1, -inf, +inf, 0). " + _INDEXED + "Gradients as torch's scatter_reduce "
+             "(include_self=False): ties of max/min share, the product of the others for mul.")
+register("embedding", "gather", accumulates=True, multilinear_forward=True, multilinear_backward=True,
+         flops="gather_flops",
+         doc="inputs: weight (V, D), idx (any shape, int32/int64); attrs: padding_idx (None or a row: no gradient), "
+             "scale_grad_by_freq. y = weight[idx], shape idx.shape + (D,), as torch's F.embedding.")
+register("embedding_bag", "gather", accumulates=True, flops="gather_flops",
+         doc="inputs: weight (V, D), idx (n,), offsets (B,)[, per_sample_weights (n,)]; attrs: mode ('sum' | "
+             "'mean' | 'max'), padding_idx (left out of the bags), include_last_offset, scale_grad_by_freq. "
+             "y (B, D): bag b = the entries offsets[b] <= i < offsets[b + 1] reduced, as torch's F.embedding_bag "
+             "(empty bag: zeros; max: NaN wins, the gradient to the first entry attaining it).")

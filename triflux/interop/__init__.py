@@ -20,6 +20,15 @@ Conv1d/2d/3d                      Conv (``padding_mode`` as ``pad_mode``); Cross
 ConvTranspose1d/2d/3d             ConvTranspose (``output_padding`` kept)
 BatchNorm1d/2d/3d                 BatchNorm (``affine`` and ``track_running_stats``
                                   True, a numeric ``momentum``)
+LayerNorm, RMSNorm                LayerNorm, RMSNorm (``elementwise_affine`` as
+                                  ``affine``; LayerNorm's ``bias``, RMSNorm's
+                                  ``eps=None`` kept)
+GroupNorm                         GroupNorm (torch's ``(num_groups, num_channels)``
+                                  is Flux's ``(channels, groups)``; ``affine``)
+InstanceNorm1d/2d/3d              InstanceNorm (``affine``, ``track_running_stats``
+                                  as ``track_stats``, a numeric ``momentum``; to
+                                  torch: the class it came from, else the rank of
+                                  the layer before it, else 2d, as BatchNorm)
 MaxPool1d/2d/3d, AvgPool1d/2d/3d  MaxPool, MeanPool (``dilation``, ``ceil_mode``,
                                   ``count_include_pad`` kept; no ``divisor_override``)
 AdaptiveAvgPool1d/2d/3d,          AdaptiveMeanPool, AdaptiveMaxPool (any output size,
@@ -43,8 +52,8 @@ torch's default ``GELU()`` is the exact erf form, triflux's (and NNlib's)
 triflux's (and NNlib's) ``gelu`` (they differ by up to about 5e-4). With
 ``approximate_gelu=True`` an exact ``GELU()`` becomes the tanh ``gelu`` too.
 
-Modes: a torch module in eval mode (``.training`` False) gives a BatchNorm or
-Dropout pinned to test behaviour (``active=False``, as ``testmode``); one in
+Modes: a torch module in eval mode (``.training`` False) gives a BatchNorm,
+InstanceNorm or Dropout pinned to test behaviour (``active=False``, as ``testmode``); one in
 training mode gives triflux's automatic mode (training inside ``gradient``,
 testing outside, as in Flux), or with ``pin_modes=True`` one pinned to
 training behaviour (``active=True``, as torch runs it). ``to_torch`` puts layers pinned to test mode
@@ -107,7 +116,8 @@ The modules
 * :mod:`.activation_arguments`: ``Activation``, an activation with arguments;
 * the conversions by family: :mod:`.containers` (Sequential, skips, UNet),
   :mod:`.dense` (Linear, Dropout, Flatten), :mod:`.spatial` (convolutions,
-  pools, upsampling, pixel shuffle), :mod:`.norm` (BatchNorm),
+  pools, upsampling, pixel shuffle), :mod:`.norm` (BatchNorm, LayerNorm,
+  GroupNorm, InstanceNorm, RMSNorm),
   :mod:`.recurrent` (RNN, LSTM, GRU), :mod:`.activations`;
 * :mod:`.table`: ``CONVERSIONS``, ``from_torch`` and ``to_torch``;
 * :mod:`.dlpack`: ``from_dlpack`` and ``to_dlpack``.

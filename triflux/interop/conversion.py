@@ -162,8 +162,8 @@ def convert_to(x, path):
 
 # --- what to_torch knows of the whole model ----------------------------------------------------
 
-#: id(BatchNorm or global pool) -> the spatial rank of its input, for the model being translated
-#: (set by ``table.to_torch`` for the duration of one translation)
+#: id(BatchNorm, InstanceNorm or global pool) -> the spatial rank of its input, for the model being
+#: translated (set by ``table.to_torch`` for the duration of one translation)
 FEEDING_RANKS = {}
 
 

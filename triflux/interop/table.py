@@ -12,8 +12,8 @@ from triflux import activations as A
 from triflux.devices import as_device
 from triflux.functor import is_layer
 from triflux.layers import (AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose, CrossCor,
-                            DepthwiseConv, Dense, Dropout, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool,
-                            PixelShuffle, SkipConnection, Upsample, flatten)
+                            DepthwiseConv, Dense, Dropout, GlobalMaxPool, GlobalMeanPool, GroupNorm, InstanceNorm,
+                            LayerNorm, MaxPool, MeanPool, PixelShuffle, RMSNorm, SkipConnection, Upsample, flatten)
 from triflux.moving import move
 from .activations import (activation, elu_from_torch, elu_to_torch, gelu_from_torch, gelu_to_torch,
                           leakyrelu_from_torch, leakyrelu_to_torch, logsoftmax_implicit, softmax,
@@ -23,7 +23,9 @@ from .conversion import (FEEDING_RANKS, Conversion, FromOptions, convert_from, c
                          supported_torch)
 from .dense import (dense_from_torch, dense_to_torch, dropout_from_torch, dropout_to_torch, flatten_from_torch,
                     flatten_to_torch)
-from .norm import batchnorm_from_torch, batchnorm_to_torch
+from .norm import (batchnorm_from_torch, batchnorm_to_torch, groupnorm_from_torch, groupnorm_to_torch,
+                   instancenorm_from_torch, instancenorm_to_torch, layernorm_from_torch, layernorm_to_torch,
+                   rmsnorm_from_torch, rmsnorm_to_torch)
 from .recurrent import RECURRENT, recurrent_from_torch, recurrent_to_torch, sequence_from_torch
 from .spatial import (RANKS, adaptive_from_torch, adaptive_to_torch, conv_from_torch, conv_to_torch,
                       conv_transpose_from_torch, conv_transpose_to_torch, maxpool_from_torch, maxpool_to_torch,
@@ -42,6 +44,11 @@ CONVERSIONS = (
                conv_transpose_to_torch),
     Conversion(("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"), (BatchNorm,), batchnorm_from_torch,
                batchnorm_to_torch),
+    Conversion(("LayerNorm",), (LayerNorm,), layernorm_from_torch, layernorm_to_torch),
+    Conversion(("GroupNorm",), (GroupNorm,), groupnorm_from_torch, groupnorm_to_torch),
+    Conversion(tuple(f"InstanceNorm{r}d" for r in RANKS), (InstanceNorm,), instancenorm_from_torch,
+               instancenorm_to_torch),
+    Conversion(("RMSNorm",), (RMSNorm,), rmsnorm_from_torch, rmsnorm_to_torch),
     Conversion(tuple(f"MaxPool{r}d" for r in RANKS), (MaxPool,), maxpool_from_torch, maxpool_to_torch),
     Conversion(tuple(f"AvgPool{r}d" for r in RANKS), (MeanPool,), meanpool_from_torch, meanpool_to_torch),
     Conversion(tuple(f"AdaptiveAvgPool{r}d" for r in RANKS), (AdaptiveMeanPool, GlobalMeanPool),
@@ -88,7 +95,7 @@ def from_torch(module, device=None, *, approximate_gelu=False, pin_modes=False):
     ``InteropError`` naming its path in the tree (``model.3``).
 
     torch's exact ``GELU()`` becomes ``gelu_erf``; ``approximate_gelu=True``
-    makes it the tanh ``gelu`` instead. ``pin_modes=True`` pins BatchNorm and Dropout of
+    makes it the tanh ``gelu`` instead. ``pin_modes=True`` pins BatchNorm, InstanceNorm and Dropout of
     modules in training mode to training behaviour everywhere (as torch runs
     them) instead of triflux's automatic mode; eval-mode ones are pinned to
     test behaviour either way."""
@@ -119,13 +126,13 @@ def _layers_in_order(x):
 
 
 def _feeding_ranks(model):
-    """{id(layer): rank} for the BatchNorms and global pools of ``model``: the
-    spatial rank of the last layer before each, in the order the model calls
-    them (a Dense's output (N, C) is torch's BatchNorm1d, as a sequence's
-    (N, C, L))."""
+    """{id(layer): rank} for the BatchNorms, InstanceNorms and global pools of
+    ``model``: the spatial rank of the last layer before each, in the order
+    the model calls them (a Dense's output (N, C) is torch's BatchNorm1d, as a
+    sequence's (N, C, L))."""
     ranks, last = {}, None
     for x in _layers_in_order(model):
-        if isinstance(x, (BatchNorm, GlobalMeanPool, GlobalMaxPool)) and last is not None:
+        if isinstance(x, (BatchNorm, InstanceNorm, GlobalMeanPool, GlobalMaxPool)) and last is not None:
             ranks[id(x)] = last
         elif isinstance(x, (Conv, ConvTranspose)):
             last = x.weight.ndim - 2

@@ -9,11 +9,14 @@ from .containers import *  # noqa: F401,F403
 from .conv import *        # noqa: F401,F403
 from .dense import *       # noqa: F401,F403
 from .dropout import *     # noqa: F401,F403
+from .embedding import *   # noqa: F401,F403
 from .norm import *        # noqa: F401,F403
+from .normalisation import *  # noqa: F401,F403
 from .pool import *        # noqa: F401,F403
 from .recurrent import *   # noqa: F401,F403
 from .stateless import *   # noqa: F401,F403
-from . import base, containers, conv, dense, dropout, norm, pool, recurrent, stateless
+from . import base, containers, conv, dense, dropout, embedding, norm, normalisation, pool, recurrent, stateless
 
-__all__ = [name for module in (base, containers, conv, dense, dropout, norm, pool, recurrent, stateless)
+__all__ = [name for module in (base, containers, conv, dense, dropout, embedding, norm, normalisation, pool,
+                               recurrent, stateless)
            for name in module.__all__]
