@@ -85,6 +85,17 @@ def _apply_activation(y, fused, activation):
     return y if fused else activation(y)
 
 
+def _trailing_input(layer, x):
+    """``x`` prepared for a layer that normalises its trailing axes of shape
+    ``layer.size`` (LayerNorm, RMSNorm), or a ShapeError naming the layer."""
+    k = len(layer.size)
+    x = _prepare(layer, x, layer.weight, axis=-1, expected=layer.size[-1], what="features")
+    if x.shape[max(x.ndim - k, 0):] != layer.size or x.ndim < k:
+        raise ShapeError(f"{layer_name(layer)} normalises the trailing axes of shape {layer.size}, but got an input "
+                         f"of shape {x.shape}; its last {k} axes must be {layer.size}")
+    return x
+
+
 class LayerNorm(Layer):
     """Normalise each sample's trailing axes of shape ``size`` together (an
     int: the last axis), then scale and shift elementwise and apply
@@ -113,11 +124,7 @@ class LayerNorm(Layer):
         return self.weight is not None
 
     def __call__(self, x):
-        k = len(self.size)
-        x = _prepare(self, x, self.weight, axis=-1, expected=self.size[-1], what="features")
-        if x.shape[max(x.ndim - k, 0):] != self.size or x.ndim < k:
-            raise ShapeError(f"{layer_name(self)} normalises the trailing axes of shape {self.size}, but got an input "
-                             f"of shape {x.shape}; its last {k} axes must be {self.size}")
+        x = _trailing_input(self, x)
         fused = fused_activation(self.activation, "layernorm")
         y = _norm.layer_norm(x, self.size, self.weight, self.bias, self.eps, activation=fused or "identity")
         return _apply_activation(y, fused, self.activation)
@@ -155,11 +162,7 @@ class RMSNorm(Layer):
         return self.weight is not None
 
     def __call__(self, x):
-        k = len(self.size)
-        x = _prepare(self, x, self.weight, axis=-1, expected=self.size[-1], what="features")
-        if x.shape[max(x.ndim - k, 0):] != self.size or x.ndim < k:
-            raise ShapeError(f"{layer_name(self)} normalises the trailing axes of shape {self.size}, but got an input "
-                             f"of shape {x.shape}; its last {k} axes must be {self.size}")
+        x = _trailing_input(self, x)
         return _norm.rms_norm(x, self.size, self.weight, self.eps)
 
     def _signature(self):
