@@ -63,7 +63,8 @@ def _models():
             (spatial, tf.randn(2, 2, 6)), (volume, tf.randn(1, 1, 2, 3, 2)), (unet3d, tf.randn(1, 1, 2, 4, 2)),
             (_norm_model(), tf.randn(2, 4, 5, 6)),
             (tf.Chain(tf.Embedding(5, 3, padding_idx=0, scale_grad_by_freq=True), tf.Dense(3, 2)), _TOKENS),
-            (tf.EmbeddingBag(6, 4, "max", padding_idx=2), _TOKENS)]
+            (tf.EmbeddingBag(6, 4, "max", padding_idx=2), _TOKENS),
+            (tf.MultiHeadAttention((4, (6, 8), 7), nheads=2, bias=True, dropout_prob=0.25), tf.randn(2, 3, 4))]
 
 
 #: (N, L) int64 indices for the embeddings (below 5)

@@ -351,6 +351,130 @@ TRANSLATIONS = {
 }
 
 
+# --- attention and batched products (family attention; the functions live in triflux.attention) -------
+
+def _attention_module():
+    from triflux import attention
+    return attention
+
+
+def _broadcast_batch(tensors):
+    """q, k, v with their batch axes (all but the last two) broadcast together,
+    as torch's sdpa broadcasts them (triflux's functions want equal ones)."""
+    batch = np.broadcast_shapes(*[t.shape[:-2] for t in tensors])
+    return [t if t.shape[:-2] == batch else
+            tf.ops.broadcast_to(tf.reshape(t, (1,) * (len(batch) - len(t.shape[:-2])) + t.shape), batch + t.shape[-2:])
+            for t in tensors]
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    if dropout_p > 0:
+        raise Unsupported("dropout_p > 0: triflux draws its own dropout mask (tests/test_attention_family.py "
+                          "checks its moments)")
+    if enable_gqa:
+        raise Unsupported("enable_gqa (grouped-query attention)")
+    q, k, v = _broadcast_batch([query, key, value])
+    if len(q.shape) not in (3, 4):
+        raise Unsupported(f"{len(q.shape) - 2} batch axes (triflux takes (N, L, d) or (N, H, L, d))")
+    return _attention_module().scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=bool(is_causal),
+                                                            scale=scale)
+
+
+def bmm(input, mat2):
+    return _attention_module().batched_mul(input, mat2)
+
+
+def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias,
+                                 bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight, out_proj_bias,
+                                 training=True, key_padding_mask=None, need_weights=True, attn_mask=None,
+                                 use_separate_proj_weight=False, q_proj_weight=None, k_proj_weight=None,
+                                 v_proj_weight=None, static_k=None, static_v=None, average_attn_weights=True,
+                                 is_causal=False):
+    """torch's functional multi-head attention ((L, N, E) inputs, packed or separate
+    projection weights, bias_k/bias_v appended as one more key and value, a float
+    attn_mask added to the scores) with triflux's batched_mul and softmax.
+
+    With need_weights=True (the sample's) torch computes the weights explicitly
+    (scaled q times k^T, + attn_mask, softmax, then times v), and so does this,
+    rather than through the fused attention: torch's samples (entries up to 9,
+    two or four features) give score gaps of 16 to 3000 in every row, a softmax
+    one-hot to float32's precision, whose q and k gradients are rounding noise
+    that depends on the formula (the fused kernels take D = dO . y as
+    FlashAttention does). The fused attention meets torch's samples through
+    scaled_dot_product_attention, and its property suite."""
+    if training and dropout_p > 0:
+        raise Unsupported("dropout in training: triflux draws its own dropout mask")
+    if add_zero_attn or static_k is not None or static_v is not None or key_padding_mask is not None or is_causal:
+        raise Unsupported("add_zero_attn, static_k/v, key_padding_mask or is_causal")
+    if attn_mask is not None and attn_mask.dtype == np.bool_:
+        raise Unsupported("a bool attn_mask (torch's: True where not allowed)")
+    low = query.dtype
+    if low.itemsize == 2:
+        # 16-bit: computed in float32 and rounded once at the end. Torch's 16-bit samples round
+        # scores of 10^2..10^4 to a few units, so which key each one-hot row picks, and every
+        # gradient through it, is decided by where an implementation rounds (torch's own
+        # bfloat16 error on them reaches 25x the result): nothing to compare a 16-bit one with
+        return _attention_in_float32(
+            multi_head_attention_forward, low, query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
+            in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight, out_proj_bias, training=training,
+            attn_mask=attn_mask, use_separate_proj_weight=use_separate_proj_weight, q_proj_weight=q_proj_weight,
+            k_proj_weight=k_proj_weight, v_proj_weight=v_proj_weight)
+    att = _attention_module()
+    unbatched = len(query.shape) == 2
+    if unbatched:
+        query, key, value = (tf.reshape(t, (t.shape[0], 1, t.shape[1])) for t in (query, key, value))
+    e = query.shape[2]
+    if use_separate_proj_weight:
+        wq, wk, wv = q_proj_weight, k_proj_weight, v_proj_weight
+    else:
+        wq, wk, wv = in_proj_weight[0:e], in_proj_weight[e:2 * e], in_proj_weight[2 * e:3 * e]
+    bq, bk, bv = ((in_proj_bias[0:e], in_proj_bias[e:2 * e], in_proj_bias[2 * e:3 * e]) if in_proj_bias is not None
+                  else (None, None, None))
+
+    def project(x, w, b):
+        y = tf.matmul(tf.transpose(x, (1, 0, 2)), tf.transpose(w))        # (L, N, E) -> (N, L, E)
+        return y if b is None else y + b
+    q, k, v = project(query, wq, bq), project(key, wk, bk), project(value, wv, bv)
+    n = q.shape[0]
+    mask = attn_mask
+    if bias_k is not None:
+        k = tf.cat(k, tf.ops.broadcast_to(tf.reshape(bias_k, (1, 1, e)), (n, 1, e)), dims=1)
+        v = tf.cat(v, tf.ops.broadcast_to(tf.reshape(bias_v, (1, 1, e)), (n, 1, e)), dims=1)
+        if mask is not None:
+            mask = tf.cat(mask, mask[..., 0:1] * 0, dims=len(mask.shape) - 1)
+    if mask is not None and len(mask.shape) == 3:           # (N * H, L, S), batch-major
+        mask = tf.reshape(mask, (n, num_heads) + mask.shape[1:])
+    d = e // num_heads
+
+    def heads(t):
+        return tf.transpose(tf.reshape(t, (n, t.shape[1], num_heads, d)), (0, 2, 1, 3))
+    scores = att.batched_mul(heads(q) * (1 / np.sqrt(d)), att.batched_transpose(heads(k)))
+    if mask is not None:
+        scores = scores + mask
+    y = att.batched_mul(tf.ops.softmax(scores, axis=-1), heads(v))
+    y = tf.reshape(tf.transpose(y, (0, 2, 1, 3)), (n, q.shape[1], e))
+    out = tf.matmul(y, tf.transpose(out_proj_weight))
+    if out_proj_bias is not None:
+        out = out + out_proj_bias
+    out = tf.transpose(out, (1, 0, 2))
+    return tf.reshape(out, (out.shape[0], e)) if unbatched else out
+
+
+def _attention_in_float32(fn, low, *args, **kwargs):
+    """fn on float32 copies of the floating Tensors among args/kwargs, its result back in ``low``."""
+    def up(x):
+        return x.astype(np.float32) if isinstance(x, tf.Tensor) and x.dtype.kind in "fV" else x
+    return fn(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()}).astype(low)
+
+
+TRANSLATIONS.update({
+    ("nn.functional.scaled_dot_product_attention", ""): scaled_dot_product_attention,
+    ("bmm", ""): bmm,
+    ("nn.functional.multi_head_attention_forward", ""): multi_head_attention_forward,
+})
+
+
 # --- per-sample normalisation (triflux/normalisation.py: family layernorm) --------------------------
 
 def _normalisation():

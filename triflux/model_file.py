@@ -43,8 +43,9 @@ from .functor import children, is_layer, path_join
 from .interop import Activation
 from .layers import (GRU, LSTM, RNN, AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose,
                      CrossCor, DepthwiseConv, Dense, Dropout, Embedding, EmbeddingBag, GlobalMaxPool,
-                     GlobalMeanPool, GroupNorm, GRUCell, InstanceNorm, LayerNorm, LSTMCell, MaxPool, MeanPool, Parallel, PixelShuffle, RMSNorm, RNNCell,
-                     SkipConnection, Upsample, flatten)
+                     GlobalMeanPool, GroupNorm, GRUCell, InstanceNorm, LayerNorm, LSTMCell, MaxPool, MeanPool,
+                     MultiHeadAttention, Parallel, PixelShuffle, RMSNorm, RNNCell, SkipConnection, Upsample,
+                     flatten)
 from .show import fname
 from .tensor import Tensor, tensor
 
@@ -110,6 +111,10 @@ CONSTRUCTOR_ARGUMENTS = {
                                   "padding_idx": l.padding_idx, "include_last_offset": l.include_last_offset,
                                   "scale_grad_by_freq": l.scale_grad_by_freq}),
     Dropout: lambda l: ((), {"p": l.p}),
+    MultiHeadAttention: lambda l: ((), {
+        "dims": ((l.q_proj.in_features, l.k_proj.in_features, l.v_proj.in_features),
+                 (l.q_proj.out_features, l.v_proj.out_features), l.out_proj.out_features),
+        "nheads": l.nheads, "bias": l.q_proj.bias is not None, "dropout_prob": l.dropout_prob}),
     MaxPool: lambda l: ((), {"window": l.window, "stride": l.stride, "pad": l.pad, "dilation": l.dilation,
                              "ceil_mode": l.ceil_mode}),
     MeanPool: lambda l: ((), {"window": l.window, "stride": l.stride, "pad": l.pad, "ceil_mode": l.ceil_mode,

@@ -481,3 +481,5 @@ from .spatial import adaptive_size  # noqa: E402,F401
 from .normalisation import *  # noqa: E402,F401,F403
 # gather, scatter and the embeddings (rows of a table by integer indices): triflux/embedding.py
 from .embedding import embedding, embedding_bag, gather, scatter  # noqa: E402,F401
+# attention and batched products (dot_product_attention, scaled_dot_product_attention, ...): triflux/attention.py
+from .attention import *  # noqa: E402,F401,F403

@@ -223,6 +223,22 @@ register("gru_sequence", "rnn", accumulates=True, flops="recurrent_flops", parti
          doc="inputs: x (N, L, in), h0 (N, H), w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,); gates r, z, n "
              "(b_hn inside the reset gate's product, as torch). y (N, L, H) = every hidden state h_t.")
 
+# --- attention (family attention): scaled dot-product attention, torch's sdpa layout -------------------
+# q (N, H, Lq, d), k (N, H, Lk, d), v (N, H, Lk, dv); then an optional floating bias and an optional bool
+# mask (True: may attend), each broadcastable to (N, H, Lq, Lk), in that order (told apart by dtype).
+# The kernels are fused (FlashAttention-2: online softmax, the Lq x Lk weights never stored, causal blocks
+# skipped, the softmax statistics kept for a backward that recomputes the weights; no atomics).
+# Not declared `random`: the property suite compares both sides exactly at p = 0 (its strategies), and
+# tests/test_attention_family.py checks the moments and the reproducibility of p > 0.
+_ATTENTION_DOC = ("attrs: causal (top-left: query i attends keys j <= i, as torch's is_causal), scale (None: "
+                  "1/sqrt(d)), p (dropout on the weights), seed (its mask). Fully masked rows give 0 (torch 2.13).")
+register("attention", "attention", accumulates=True, partial_backward=True, flops="attention_flops",
+         doc="inputs: q, k, v[, bias][, mask]; y (N, H, Lq, dv) = dropout(softmax(scale q k^T + bias, masked)) v. "
+             + _ATTENTION_DOC)
+register("attention_weights", "attention", accumulates=True, partial_backward=True, flops="attention_flops",
+         doc="inputs: q, k[, bias][, mask]; the weights (N, H, Lq, Lk) that `attention` multiplies v by, dropout "
+             "included (the same mask for the same seed): NNlib's returned attention scores. " + _ATTENTION_DOC)
+
 # --- gather, scatter, embeddings: rows of a table moved by integer indices (NNlib's gather/scatter,
 # torch's embedding/embedding_bag); the table, the index forms and the checks: triflux/specs/gather.py.
 # Indices (int32/int64) get no gradient (None); repeated indices are reduced deterministically (a
