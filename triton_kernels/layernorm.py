@@ -292,7 +292,7 @@ def _rows_backward_kernel(grad, out, x, w, dx, partials, dw, db, R, M, eps_hi, e
                 tl.store(dx + offsets, store_value(d, dx.dtype.element_ty, INTERP), mask=mask)
                 # this program's running sums over its rows, in its own row of the workspace
                 # (the first row block stores, the others add: no read of memory never written)
-                later = col_mask & (blk > blk_lo)
+                later = col_mask & (c >= M * (blk == blk_lo))   # false on the first row block
                 if HAS_WEIGHT:
                     s = tl.sum(g * xhat, axis=0) + tl.load(part + c, mask=later, other=0.0)
                     tl.store(part + c, s, mask=col_mask)
