@@ -710,3 +710,49 @@ def test_to_torch_of_triflux_normalisations_matches(dev):
 def test_unsupported_normalisation_options_are_named(module, pattern):
     with pytest.raises(tf.InteropError, match=pattern):
         tf.from_torch(module)
+
+
+# --- embedding tables --------------------------------------------------------------------------
+
+def _embedding_modules():
+    g = torch.Generator().manual_seed(3)
+    emb = nn.Embedding(7, 4, padding_idx=2, scale_grad_by_freq=True)
+    bags = [nn.EmbeddingBag(7, 4, mode=mode, padding_idx=padding) for mode, padding in
+            (("sum", None), ("mean", 1), ("max", None))]
+    for m in [emb] + bags:
+        with torch.no_grad():
+            m.weight.copy_(torch.randn(m.weight.shape, generator=g))   # the padding row too: kept as it is
+    return [emb] + bags
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_embedding_tables_convert_both_ways(dev):
+    """nn.Embedding and nn.EmbeddingBag (each mode, padding_idx, scale_grad_by_freq) from
+    torch: the same output and the same weight gradient as torch's on a (B, L) index batch
+    with repeats and the padding index; to_torch gives back an equal module."""
+    d = device(dev)
+    idx = np.array([[1, 2, 5, 1], [6, 6, 0, 2]], dtype=np.int64)
+    for tmod in _embedding_modules():
+        model = tf.from_torch(tmod, device=d)
+        assert model.weight.device == d
+        r = _x(*tmod(torch.from_numpy(idx)).shape, seed=5)
+        loss, (g,) = tf.withgradient(lambda m: (m(d(idx)) * d(r)).sum(), model)
+        oracle = copy.deepcopy(tmod).double()
+        tloss = (oracle(torch.from_numpy(idx)) * torch.from_numpy(r.astype(np.float64))).sum()
+        tloss.backward()
+        np.testing.assert_allclose(float(loss), tloss.item(), rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(g["weight"].numpy(), oracle.weight.grad.numpy(), rtol=2e-5, atol=2e-6)
+        back = tf.to_torch(tf.cpu(model))
+        assert type(back) is type(tmod)
+        for name in ("num_embeddings", "embedding_dim", "padding_idx", "scale_grad_by_freq"):
+            assert getattr(back, name) == getattr(tmod, name), name
+        if isinstance(tmod, nn.EmbeddingBag):
+            assert (back.mode, back.include_last_offset) == (tmod.mode, tmod.include_last_offset)
+        assert torch.equal(back.weight, tmod.weight)
+
+
+def test_embedding_max_norm_is_refused():
+    with pytest.raises(tf.InteropError, match="max_norm"):
+        tf.from_torch(nn.Embedding(5, 3, max_norm=1.0))
+    with pytest.raises(tf.InteropError, match="max_norm"):
+        tf.from_torch(nn.EmbeddingBag(5, 3, max_norm=1.0))

@@ -15,6 +15,10 @@ torch.nn                          triflux
 Sequential                        Chain (children named ``"0", "1", ...`` become a
                                   positional Chain, other names a named one)
 Linear                            Dense
+Embedding, EmbeddingBag           Embedding, EmbeddingBag (the table as it is, its
+                                  padding row included; ``padding_idx``,
+                                  ``scale_grad_by_freq``, the bag's ``mode`` and
+                                  ``include_last_offset`` kept; no ``max_norm``)
 Conv1d/2d/3d                      Conv (``padding_mode`` as ``pad_mode``); CrossCor
                                   and DepthwiseConv go to torch as Conv1d/2d/3d too
 ConvTranspose1d/2d/3d             ConvTranspose (``output_padding`` kept)
@@ -115,7 +119,8 @@ The modules
 * :mod:`.conversion`: the ``Conversion`` record and the walk over a model;
 * :mod:`.activation_arguments`: ``Activation``, an activation with arguments;
 * the conversions by family: :mod:`.containers` (Sequential, skips, UNet),
-  :mod:`.dense` (Linear, Dropout, Flatten), :mod:`.spatial` (convolutions,
+  :mod:`.dense` (Linear, Dropout, Flatten), :mod:`.embedding` (Embedding,
+  EmbeddingBag), :mod:`.spatial` (convolutions,
   pools, upsampling, pixel shuffle), :mod:`.norm` (BatchNorm, LayerNorm,
   GroupNorm, InstanceNorm, RMSNorm),
   :mod:`.recurrent` (RNN, LSTM, GRU), :mod:`.activations`;

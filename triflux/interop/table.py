@@ -12,8 +12,8 @@ from triflux import activations as A
 from triflux.devices import as_device
 from triflux.functor import is_layer
 from triflux.layers import (AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose, CrossCor,
-                            DepthwiseConv, Dense, Dropout, GlobalMaxPool, GlobalMeanPool, GroupNorm, InstanceNorm,
-                            LayerNorm, MaxPool, MeanPool, PixelShuffle, RMSNorm, SkipConnection, Upsample, flatten)
+                            DepthwiseConv, Dense, Dropout, Embedding, EmbeddingBag, GlobalMaxPool, GlobalMeanPool,
+                            GroupNorm, InstanceNorm, LayerNorm, MaxPool, MeanPool, PixelShuffle, RMSNorm, SkipConnection, Upsample, flatten)
 from triflux.moving import move
 from .activations import (activation, elu_from_torch, elu_to_torch, gelu_from_torch, gelu_to_torch,
                           leakyrelu_from_torch, leakyrelu_to_torch, logsoftmax_implicit, softmax,
@@ -23,6 +23,7 @@ from .conversion import (FEEDING_RANKS, Conversion, FromOptions, convert_from, c
                          supported_torch)
 from .dense import (dense_from_torch, dense_to_torch, dropout_from_torch, dropout_to_torch, flatten_from_torch,
                     flatten_to_torch)
+from .embedding import embedding_bag_from_torch, embedding_bag_to_torch, embedding_from_torch, embedding_to_torch
 from .norm import (batchnorm_from_torch, batchnorm_to_torch, groupnorm_from_torch, groupnorm_to_torch,
                    instancenorm_from_torch, instancenorm_to_torch, layernorm_from_torch, layernorm_to_torch,
                    rmsnorm_from_torch, rmsnorm_to_torch)
@@ -38,6 +39,8 @@ from .torch_modules import import_torch
 CONVERSIONS = (
     Conversion(("Sequential",), (Chain,), chain_from_torch, chain_to_torch),
     Conversion(("Linear",), (Dense,), dense_from_torch, dense_to_torch),
+    Conversion(("Embedding",), (Embedding,), embedding_from_torch, embedding_to_torch),
+    Conversion(("EmbeddingBag",), (EmbeddingBag,), embedding_bag_from_torch, embedding_bag_to_torch),
     Conversion(tuple(f"Conv{r}d" for r in RANKS), (Conv, CrossCor, DepthwiseConv), conv_from_torch,
                conv_to_torch),
     Conversion(tuple(f"ConvTranspose{r}d" for r in RANKS), (ConvTranspose,), conv_transpose_from_torch,
